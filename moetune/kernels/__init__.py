@@ -1,0 +1,1 @@
+"""Triton kernels with their launchers and pure-torch references, one module per kernel path."""

@@ -1,0 +1,92 @@
+"""Routing distributions for tuning problems: which experts each token's top-k slots pick."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def parse_routing(routing: str) -> tuple[str, str | None]:
+    """"uniform" | "zipf:<s>" | "trace:<path>" -> (kind, argument); ValueError otherwise."""
+    kind, _, arg = routing.partition(":")
+    if kind == "uniform" and not arg:
+        return kind, None
+    if kind == "zipf":
+        try:
+            s = float(arg)
+        except ValueError:
+            s = -1.0
+        if s <= 0:
+            raise ValueError(f"routing {routing!r}: zipf needs a positive exponent, e.g. zipf:1.2")
+        return kind, arg
+    if kind == "trace" and arg:
+        return kind, arg
+    raise ValueError(f"unknown routing {routing!r}; use uniform, zipf:<s> or trace:<file.npy|file.pt>")
+
+
+def load_trace(path: str | Path, num_experts: int, top_k: int) -> torch.Tensor:
+    """A recorded [tokens, top_k] tensor of expert ids, checked against the shape."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"trace file {path} does not exist")
+    try:
+        if path.suffix == ".npy":
+            import numpy as np
+
+            ids = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif path.suffix == ".pt":
+            ids = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise ValueError(f"trace file {path} must be .npy or .pt")
+    except ValueError:
+        raise
+    except Exception as e:  # unreadable file: say which
+        raise ValueError(f"cannot read trace file {path}: {e}") from e
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != top_k or ids.shape[0] == 0:
+        got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"trace file {path}: expected [tokens, {top_k}] expert ids, got {got}")
+    if ids.is_floating_point() or ids.is_complex():
+        raise ValueError(f"trace file {path}: expert ids must be integers, got {ids.dtype}")
+    ids = ids.long()
+    if ids.min() < -1 or ids.max() >= num_experts:
+        raise ValueError(f"trace file {path}: ids outside [-1, {num_experts})")
+    return ids
+
+
+def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "uniform",
+                active_fraction: float = 1.0, generator: torch.Generator | None = None,
+                device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_ids int32 [tokens, top_k], topk_weights fp32 [tokens, top_k]).
+
+    Each token picks ``top_k`` distinct experts. With ``active_fraction < 1`` a
+    random subset of each token's slots is marked inactive (id -1), as hybrid
+    CPU/GPU decode does. Weights are positive and sum to 1 over active slots.
+    """
+    if top_k > num_experts:
+        raise ValueError(f"top_k {top_k} exceeds the number of experts {num_experts}")
+    if not 0 <= active_fraction <= 1:
+        raise ValueError(f"active fraction must be in [0, 1], got {active_fraction}")
+    kind, arg = parse_routing(routing)
+    g = generator
+    if kind == "trace":
+        trace = load_trace(arg, num_experts, top_k)
+        reps = -(-tokens // trace.shape[0])
+        ids = trace.repeat(reps, 1)[:tokens].clone()
+    else:
+        logits = torch.zeros(tokens, num_experts)
+        if kind == "zipf":
+            # Zipf-like popularity over a random expert order; Gumbel top-k samples without replacement.
+            rank = torch.randperm(num_experts, generator=g).float() + 1
+            logits = logits - float(arg) * rank.log()
+        gumbel = -torch.log(-torch.log(torch.rand(tokens, num_experts, generator=g).clamp_min(1e-20)))
+        ids = (logits + gumbel).topk(top_k, dim=1).indices
+    weights = torch.rand(tokens, top_k, generator=g) + 0.1
+    n_active = round(top_k * active_fraction)
+    if n_active < top_k:
+        order = torch.rand(tokens, top_k, generator=g).argsort(dim=1)
+        inactive = order >= n_active
+        ids = ids.masked_fill(inactive, -1)
+        weights = weights.masked_fill(inactive, 0.0)
+    weights = weights / weights.sum(dim=1, keepdim=True).clamp_min(1e-20)
+    return ids.to(torch.int32).to(device), weights.float().to(device)

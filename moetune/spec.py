@@ -1,0 +1,248 @@
+"""Kernel specs: each tunable op described once; the tuner, tables and picker iterate over these.
+
+A spec says what can be tuned (its space and constraints), how to build a
+problem's inputs, how to run one config, what the right answer is, and how
+many bytes and flops the problem needs for its roofline. Built-in specs live in
+``moetune.specs``; third-party ones register through the ``moetune.kernels``
+entry-point group (see README), or by calling :func:`register`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .device import DeviceInfo
+from .models import ModelPreset
+
+Config = dict[str, Any]
+
+
+def canonical_json(obj: Any) -> str:
+    """Stable text for a config or shape: sorted keys, no spaces. Used as a key everywhere."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One point a kernel op is tuned at: a shape and a route density.
+
+    ``shape`` holds the op's shape fields (always ``E``, ``N``, ``K``, ``top_k``,
+    plus op-specific ones such as a dtype). ``routes`` is the number of routed
+    rows the op processes: ``tokens * top_k * active_fraction``.
+    """
+
+    kernel: str
+    shape: Mapping[str, Any]
+    tokens: int
+    routes: int
+    active_fraction: float = 1.0
+    routing: str = "uniform"  # "uniform", "zipf:<s>" or "trace:<path>"
+
+    @property
+    def density(self) -> float:
+        """Rows per expert, the key tables are indexed by."""
+        return self.routes / self.shape["E"]
+
+    @property
+    def shape_key(self) -> str:
+        return canonical_json(dict(self.shape))
+
+    def describe(self) -> str:
+        s = " ".join(f"{k}={v}" for k, v in sorted(self.shape.items()))
+        frac = "" if self.active_fraction == 1 else f" active={self.active_fraction:g}"
+        return f"{self.kernel} [{s}] tokens={self.tokens} routes={self.routes}{frac} {self.routing}"
+
+
+@dataclass
+class Inputs:
+    """Tensors for one problem; ``outputs`` are preallocated and written by ``run``."""
+
+    tensors: dict[str, Any]
+    outputs: tuple[torch.Tensor, ...]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class KernelSpec:
+    """Base class of a tunable op. Subclasses set the class attributes and override methods.
+
+    Class attributes:
+        name: op name as tables and the CLI use it, e.g. ``"fp8_decode.gate_up"``.
+        space: tunable parameter -> candidate values (the full grid before constraints).
+        default: the shipped default config (also the baseline every point is timed against).
+        shape_defaults: optional shape fields and their defaults (e.g. a dtype).
+        tolerance: largest accepted relative L2 error (ignored when ``exact``).
+        exact: outputs must match the reference bit for bit (compared on integer views).
+        cuda_graph: time under CUDA-graph replay (launch-bound decode ops).
+        weight_format: which models' checkpoints this op serves (matches ModelPreset.weight_format);
+            None means any.
+    """
+
+    name: str = ""
+    description: str = ""
+    space: Mapping[str, Sequence[Any]] = {}
+    default: Config = {}
+    shape_defaults: Mapping[str, Any] = {}
+    tolerance: float = 1e-2
+    exact: bool = False
+    cuda_graph: bool = False
+    weight_format: str | None = None
+
+    # ---- shapes and densities -------------------------------------------------
+    def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
+        """The op's shape for one rank of ``model``."""
+        raise NotImplementedError
+
+    def normalize_shape(self, shape: Mapping[str, Any]) -> dict[str, Any]:
+        """Fill defaults and check the shape; ValueError naming the field on bad input."""
+        out = dict(self.shape_defaults)
+        out.update(shape)
+        for key in ("E", "N", "K", "top_k"):
+            if key not in out:
+                raise ValueError(f"{self.name}: shape needs {key!r}")
+            if not isinstance(out[key], int) or out[key] < 1:
+                raise ValueError(f"{self.name}: shape field {key} must be a positive int, got {out[key]!r}")
+        unknown = set(out) - {"E", "N", "K", "top_k"} - set(self.shape_defaults)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown shape field(s) {sorted(unknown)}")
+        return out
+
+    # ---- the search space --------------------------------------------------------
+    def candidates(self) -> Iterator[Config]:
+        keys = list(self.space)
+        for values in itertools.product(*(self.space[k] for k in keys)):
+            yield dict(zip(keys, values))
+
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        """ValueError naming the key for a config the kernel does not know or cannot run.
+
+        Problem-independent checks only (unknown keys, value types, alignment).
+        """
+        unknown = set(config) - set(self.space) - set(self.default)
+        if unknown:
+            raise ValueError(f"{self.name}: unknown config key(s) {sorted(unknown)}; "
+                             f"known: {sorted(set(self.space) | set(self.default))}")
+
+    def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        """Why ``config`` must not be tried on ``problem`` (None when it may).
+
+        Covers what the kernel cannot run or would silently clamp: misaligned
+        BLOCK_SIZE_K, shared memory over the device's limit, tiles far larger than the problem.
+        """
+        try:
+            self.check_config(config)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
+        """The config to use where no table covers a point (the picker's fallback)."""
+        return dict(self.default)
+
+    # ---- running -------------------------------------------------------------------
+    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+        """Fresh random inputs (never zeros) for ``problem`` on ``device``."""
+        raise NotImplementedError
+
+    def run(self, inputs: Inputs, config: Config) -> None:
+        """Run the op with ``config``, writing ``inputs.outputs`` in place."""
+        raise NotImplementedError
+
+    def reference(self, inputs: Inputs) -> tuple[torch.Tensor, ...]:
+        """Expected outputs, computed in fp32 or better from the same quantized data."""
+        raise NotImplementedError
+
+    def poison(self, inputs: Inputs) -> None:
+        """Fill outputs with NaN (float) or 0xA5 bytes so unwritten elements are caught."""
+        for t in inputs.outputs:
+            if t.is_floating_point() and t.element_size() > 1:
+                t.fill_(float("nan"))
+            else:
+                t.view(torch.uint8).fill_(0xA5)
+
+    def error(self, outputs: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]) -> float:
+        """Relative L2 error (inf on NaN/inf); for exact specs, the fraction of differing bytes."""
+        worst = 0.0
+        for out, ref in zip(outputs, expected, strict=True):
+            if out.shape != ref.shape:
+                return math.inf
+            if self.exact:
+                a, b = out.contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)
+                worst = max(worst, (a != b).float().mean().item() if a.numel() else 0.0)
+                continue
+            o, r = out.double(), ref.double()
+            if not torch.isfinite(o).all():
+                return math.inf
+            den = r.norm().item()
+            num = (o - r).norm().item()
+            worst = max(worst, num / den if den > 0 else (0.0 if num == 0 else math.inf))
+        return worst
+
+    def passes(self, err: float) -> bool:
+        return err == 0.0 if self.exact else err <= self.tolerance
+
+    # ---- roofline ------------------------------------------------------------------
+    def bytes_moved(self, problem: Problem) -> int:
+        """Fewest bytes the op must move through device memory."""
+        raise NotImplementedError
+
+    def flops(self, problem: Problem) -> int:
+        raise NotImplementedError
+
+    def problem(self, shape: Mapping[str, Any], tokens: int, active_fraction: float = 1.0,
+                routing: str = "uniform") -> Problem:
+        shape = self.normalize_shape(shape)
+        routes = int(round(tokens * shape["top_k"] * active_fraction))
+        return Problem(self.name, shape, tokens, routes, active_fraction, routing)
+
+
+# ---- registry --------------------------------------------------------------------------
+_REGISTRY: dict[str, KernelSpec] = {}
+_LOADED = False
+ENTRY_POINT_GROUP = "moetune.kernels"
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    if not spec.name:
+        raise ValueError(f"{type(spec).__name__} has no name")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def _load() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+    import pkgutil
+    from importlib.metadata import entry_points
+
+    from . import specs
+
+    for mod in pkgutil.iter_modules(specs.__path__):
+        importlib.import_module(f"{specs.__name__}.{mod.name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        obj = ep.load()
+        if callable(obj) and not isinstance(obj, KernelSpec):
+            obj = obj()
+        for spec in obj if isinstance(obj, (list, tuple)) else [obj]:
+            register(spec)
+
+
+def get_spec(name: str) -> KernelSpec:
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def all_specs() -> list[KernelSpec]:
+    _load()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]

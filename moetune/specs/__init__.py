@@ -1,0 +1,1 @@
+"""Built-in kernel specs. Every module here is imported by the registry and calls ``spec.register``."""
