@@ -188,11 +188,12 @@ class KernelSpec:
         return err == 0.0 if self.exact else err <= self.tolerance
 
     # ---- roofline ------------------------------------------------------------------
-    def bytes_moved(self, problem: Problem) -> int:
-        """Fewest bytes the op must move through device memory."""
+    def bytes_moved(self, problem: Problem, inputs: Inputs | None = None) -> int:
+        """Fewest bytes the op must move through device memory (exact when ``inputs`` are given,
+        e.g. counting the distinct experts the drawn routes touch; expected value otherwise)."""
         raise NotImplementedError
 
-    def flops(self, problem: Problem) -> int:
+    def flops(self, problem: Problem, inputs: Inputs | None = None) -> int:
         raise NotImplementedError
 
     def problem(self, shape: Mapping[str, Any], tokens: int, active_fraction: float = 1.0,
