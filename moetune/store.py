@@ -1,0 +1,204 @@
+"""The results store: one SQLite row per measurement, committed the moment it is made.
+
+Append-only, so a killed sweep loses nothing it measured and a rerun resumes by
+skipping what is already there. WAL mode plus a busy timeout lets two sweeps (or
+a sweep and an export) use one file at once. A file that is not a moetune store
+is refused with a ValueError and never written to.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .spec import canonical_json
+
+DEFAULT_PATH = Path("results/moetune.sqlite")
+SCHEMA_NAME = "moetune-results"
+SCHEMA_VERSION = "1"
+STATUSES = ("ok", "inaccurate", "compile_error", "crash", "timeout", "invalid")
+
+# (column, SQL type) in table order; `id` is the primary key and assigned by SQLite.
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("sweep_id", "TEXT"), ("kernel", "TEXT"), ("device_name", "TEXT"), ("arch", "TEXT"),
+    ("moetune_version", "TEXT"), ("triton_version", "TEXT"), ("torch_version", "TEXT"),
+    ("cuda_version", "TEXT"), ("shape", "TEXT"), ("tokens", "INTEGER"), ("routes", "INTEGER"),
+    ("active_fraction", "REAL"), ("routing", "TEXT"), ("density", "REAL"), ("config", "TEXT"),
+    ("status", "TEXT"), ("reason", "TEXT"), ("error", "REAL"), ("time_ms", "REAL"), ("min_ms", "REAL"),
+    ("spread", "REAL"), ("n_runs", "INTEGER"), ("bytes", "INTEGER"), ("flops", "INTEGER"),
+    ("roofline_frac", "REAL"), ("strategy", "TEXT"), ("timestamp", "TEXT"),
+)
+COLUMN_NAMES = ("id",) + tuple(c for c, _ in COLUMNS)
+_JSON_COLUMNS = ("shape", "config")
+# The columns that say which candidate at which point a row measured (resume key).
+POINT_COLUMNS = ("kernel", "device_name", "shape", "tokens", "routes", "active_fraction", "routing")
+
+_DDL = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)",
+    "CREATE TABLE IF NOT EXISTS measurements (id INTEGER PRIMARY KEY, "
+    + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")",
+    "CREATE INDEX IF NOT EXISTS measurements_point ON measurements "
+    "(kernel, device_name, shape, tokens, routes, routing)",
+)
+BUSY_TIMEOUT_S = 60.0
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _as_text(value: Any) -> Any:
+    """Dict-valued shape/config -> canonical JSON, so equal configs have equal keys."""
+    if isinstance(value, Mapping):
+        return canonical_json(dict(value))
+    if isinstance(value, str):
+        return canonical_json(json.loads(value))  # re-canonicalise hand-written JSON
+    return value
+
+
+class Store:
+    """A moetune results database at ``path`` (created with its schema when missing).
+
+    ``create=False`` refuses a missing file (for readers such as ``moetune export``).
+    """
+
+    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True):
+        self.path = Path(path)
+        if self.path.exists():
+            if not self.path.is_file():
+                raise ValueError(f"results database {self.path} is not a file")
+            self._check_existing()
+        elif not create:
+            raise FileNotFoundError(f"no results database at {self.path}")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = self._connect()
+        self._init_schema()
+
+    # ---- opening ---------------------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        return conn
+
+    def _check_existing(self) -> None:
+        """ValueError (naming the path) unless the file is empty or a moetune store; read-only."""
+        if self.path.stat().st_size == 0:
+            return
+        try:
+            with open(self.path, "rb") as f:
+                header = f.read(16)
+        except OSError as e:
+            raise ValueError(f"cannot read results database {self.path}: {e}") from e
+        if header != b"SQLite format 3\x00":
+            raise ValueError(f"{self.path} is not a moetune results database (not SQLite)")
+        try:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+            try:
+                tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                meta = dict(conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+            finally:
+                conn.close()
+        except sqlite3.Error as e:
+            raise ValueError(f"cannot read results database {self.path}: {e}") from e
+        if not tables:
+            return  # an empty SQLite file (e.g. another sweep is creating it right now)
+        if meta.get("schema") != SCHEMA_NAME:
+            raise ValueError(f"{self.path} is not a moetune results database (no moetune meta table)")
+        if meta.get("version") != SCHEMA_VERSION:
+            raise ValueError(f"{self.path} has moetune results schema version {meta.get('version')!r}; "
+                             f"this moetune reads version {SCHEMA_VERSION}")
+
+    def _init_schema(self) -> None:
+        try:
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for stmt in _DDL:
+                    self._conn.execute(stmt)
+                self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?), ('version', ?)",
+                                   (SCHEMA_NAME, SCHEMA_VERSION))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            self._conn.close()
+            raise ValueError(f"cannot open results database {self.path}: {e}") from e
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- writing -----------------------------------------------------------------------------------
+    def add(self, row: Mapping[str, Any]) -> int:
+        """Insert one measurement and commit it; returns its id.
+
+        ``shape``/``config`` may be dicts (stored as canonical JSON); ``timestamp``
+        defaults to now. Unknown columns or statuses are a ValueError.
+        """
+        unknown = set(row) - set(COLUMN_NAMES[1:])
+        if unknown:
+            raise ValueError(f"unknown measurement column(s) {sorted(unknown)}")
+        if row.get("status") not in STATUSES:
+            raise ValueError(f"measurement status must be one of {STATUSES}, got {row.get('status')!r}")
+        values = {k: _as_text(v) if k in _JSON_COLUMNS else v for k, v in row.items()}
+        for k, v in values.items():  # NaN is not a number SQLite keeps; inf is
+            if isinstance(v, float) and math.isnan(v):
+                values[k] = None
+        values.setdefault("timestamp", now_iso())
+        cols = list(values)
+        sql = f"INSERT INTO measurements ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+        cur = self._conn.execute(sql, [values[c] for c in cols])  # autocommit: durable on return
+        return int(cur.lastrowid)
+
+    # ---- reading -----------------------------------------------------------------------------------
+    def _where(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
+        clauses, params = [], []
+        for key, value in filters.items():
+            if key not in COLUMN_NAMES:
+                raise ValueError(f"unknown measurement column {key!r}; known: {', '.join(COLUMN_NAMES)}")
+            if value is None:
+                clauses.append(f"{key} IS NULL")
+                continue
+            if key in _JSON_COLUMNS:
+                value = _as_text(value)
+            if isinstance(value, float):  # REAL columns: compare with a tolerance, not bit for bit
+                clauses.append(f"ABS({key} - ?) < 1e-9")
+            else:
+                clauses.append(f"{key} = ?")
+            params.append(value)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+    def frame(self, **equal_filters: Any):
+        """All rows (oldest first) whose columns equal the given values, as a pandas DataFrame."""
+        import pandas as pd
+
+        where, params = self._where(equal_filters)
+        cur = self._conn.execute(f"SELECT * FROM measurements{where} ORDER BY id", params)
+        names = [d[0] for d in cur.description]
+        return pd.DataFrame(cur.fetchall(), columns=names)
+
+    def count(self, **equal_filters: Any) -> int:
+        where, params = self._where(equal_filters)
+        return int(self._conn.execute(f"SELECT COUNT(*) FROM measurements{where}", params).fetchone()[0])
+
+    def measured_configs(self, kernel: str, device_name: str, shape: Any, tokens: int, routes: int,
+                         active_fraction: float, routing: str) -> set[str]:
+        """Canonical JSON of every config already recorded (any status) at this point."""
+        where, params = self._where({
+            "kernel": kernel, "device_name": device_name, "shape": shape, "tokens": int(tokens),
+            "routes": int(routes), "active_fraction": float(active_fraction), "routing": routing,
+        })
+        return {r[0] for r in self._conn.execute(f"SELECT config FROM measurements{where}", params)}
