@@ -1,0 +1,69 @@
+"""MXFP4 (ds_fp4) weights: E2M1 codes, two per byte, with a UE8M0 exponent per 32 values.
+
+``W[n, k] = e2m1(code[n, k]) * 2^(scale[n, k // 32] - 127)``. E2M1 code bits are
+sign (3), exponent (2..1), mantissa (0); magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
+The low nibble of each byte holds the even k. Scale code 255 (NaN in the OCP MX
+spec) is never produced.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., N, K]`` float -> ``(packed [..., N, K/2] uint8, scale [..., N, K/32] uint8)``.
+
+    Each 32-block gets the smallest power of two that lets its largest magnitude
+    fit under 6; values round to the nearest E2M1 magnitude (ties to the even
+    code, as hardware converters do) and saturate at 6.
+    """
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point():
+        raise ValueError(f"w must be a floating-point tensor, got {getattr(w, 'dtype', type(w).__name__)}")
+    if w.dim() < 2 or w.shape[-1] % BLOCK:
+        raise ValueError(f"w must be [..., N, K] with K a multiple of {BLOCK}, got {tuple(w.shape)}")
+    if not torch.isfinite(w).all():
+        raise ValueError("w has NaN or infinite values")
+    *lead, n, k = w.shape
+    blocks = w.float().reshape(*lead, n, k // BLOCK, BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    # Exact ceil(log2(amax / 6)) through frexp: amax/6 = m * 2^e with m in [0.5, 1).
+    mant, expo = torch.frexp(amax / 6.0)
+    e = torch.where(mant == 0.5, expo - 1, expo)
+    e = torch.where(amax > 0, e, torch.full_like(e, -127)).clamp(-127, 127)
+    scaled = blocks / torch.exp2(e.float()).unsqueeze(-1)
+    mag = scaled.abs()
+    mids = torch.tensor(_MIDPOINTS, device=w.device)
+    down = torch.bucketize(mag, mids, right=False)  # ties round down
+    up = torch.bucketize(mag, mids, right=True)  # ties round up
+    code = torch.where(down % 2 == 0, down, up)  # differ only on ties: pick the even code
+    code = code | ((scaled < 0) & (code > 0)).long() << 3
+    code = code.reshape(*lead, n, k).to(torch.uint8)
+    packed = code[..., 0::2] | (code[..., 1::2] << 4)
+    return packed.contiguous(), (e + 127).to(torch.uint8).contiguous()
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (any integer dtype) -> fp32 values."""
+    table = torch.tensor(E2M1_VALUES, device=codes.device)
+    c = codes.long()
+    mag = table[c & 7]
+    return torch.where((c & 8) != 0, -mag, mag)
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_mxfp4`: fp32 ``[..., N, K]`` (exact)."""
+    if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
+        raise ValueError(f"packed and scale must be uint8, got {packed.dtype} and {scale.dtype}")
+    k = packed.shape[-1] * 2
+    if scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] * BLOCK != k:
+        raise ValueError(f"scale {tuple(scale.shape)} does not match packed {tuple(packed.shape)}: "
+                         f"expected [..., N, K/32] with K = {k}")
+    codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], k)
+    vals = e2m1_decode(codes).reshape(*scale.shape, BLOCK)
+    factor = torch.exp2(scale.float() - 127.0).unsqueeze(-1)
+    return (vals * factor).reshape(*packed.shape[:-1], k)
