@@ -1,28 +1,213 @@
 """The tile picker: which config a kernel launch uses when the caller gives none.
 
-Interim version: every call answers with the kernel spec's heuristic. The
-table lookup (MOETUNE_CONFIG_DIR, packaged configs/, device then arch) lands next.
+Lookup, first hit wins:
+
+1. each directory in ``MOETUNE_CONFIG_DIR`` (``os.pathsep``-separated), then the packaged
+   tables (:func:`packaged_dirs`); in each directory the table for this exact device
+   name, then the one for its arch;
+2. in that table, the entry whose density (rows per expert) is nearest in log space; a tie
+   goes to the lower density; densities outside the table's range take the nearest end. An
+   entry whose config the kernel's constraints reject at this point is skipped for the next
+   nearest;
+3. else the kernel spec's heuristic for the arch.
+
+Serving never fails on a table: a missing one is a single log line, an unreadable,
+corrupt or foreign-version one a single :class:`TableWarning`, and the answer falls
+through to the next table or the heuristic. Answers are cached per (kernel, shape,
+routes, device, ``MOETUNE_CONFIG_DIR``), so a call per forward pass costs a dict lookup;
+:func:`clear_cache` forgets tables read earlier.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+import os
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
+from . import tables
 from .device import DeviceInfo, device_info
-from .spec import get_spec
+from .spec import KernelSpec, Problem, get_spec
+
+ENV_VAR = "MOETUNE_CONFIG_DIR"
+log = logging.getLogger(__name__)
+
+
+class TableWarning(UserWarning):
+    """A table exists but cannot be used; the picker fell back."""
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A picked config and where it came from.
+
+    ``source``: "device" (a table for this device name), "arch" (its arch's table) or
+    "heuristic"; ``path``: the table file; ``density_key``: the table entry's density.
+    """
+
+    config: Mapping[str, Any]
+    source: str
+    path: str | None = None
+    density_key: float | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def packaged_dirs() -> tuple[Path, ...]:
+    """Tables shipped with moetune: ``moetune/configs`` inside an installed package, and the
+    repository's top-level ``configs/`` when running from a source checkout."""
+    pkg = Path(__file__).resolve().parent
+    found = [pkg / "configs"]
+    if (pkg.parent / "pyproject.toml").is_file():
+        found.append(pkg.parent / "configs")
+    return tuple(p for p in found if p.is_dir())
+
+
+def config_dirs(env: str | None = None) -> tuple[Path, ...]:
+    """Directories searched in order: ``MOETUNE_CONFIG_DIR`` entries, then the packaged ones."""
+    env = os.environ.get(ENV_VAR) if env is None else env
+    return tuple(Path(p) for p in (env or "").split(os.pathsep) if p) + packaged_dirs()
 
 
 def pick_config(kernel: str, shape: Mapping[str, Any], routes: int, *,
                 device: DeviceInfo | str | None = None) -> dict[str, Any]:
-    """The config for ``kernel`` at ``shape`` with ``routes`` routed rows on ``device``."""
+    """The config for ``kernel`` at ``shape`` with ``routes`` routed rows on ``device``
+    (a DeviceInfo, a device name, or None for the current device)."""
+    return dict(pick_config_with_source(kernel, shape, routes, device=device).config)
+
+
+def pick_config_with_source(kernel: str, shape: Mapping[str, Any], routes: int, *,
+                            device: DeviceInfo | str | None = None, arch: str | None = None) -> Pick:
+    """:func:`pick_config` plus where the answer came from. ``arch`` overrides the device's arch
+    (for asking about a GPU this machine does not have)."""
+    if device is None:
+        device = device_info()
+    try:
+        key = tuple(sorted(shape.items()))
+    except (AttributeError, TypeError) as e:
+        raise ValueError(f"shape must be a mapping of field -> int/str, got {shape!r}") from e
+    return _pick(kernel, key, routes, device, arch, os.environ.get(ENV_VAR, ""))
+
+
+@functools.lru_cache(maxsize=8192)
+def _pick(kernel: str, shape_items: tuple, routes: int, device: DeviceInfo | str, arch: str | None,
+          env: str) -> Pick:
     spec = get_spec(kernel)
-    norm = spec.normalize_shape(shape)
-    if isinstance(device, DeviceInfo):
-        arch = device.arch
-    elif device is None:
-        arch = device_info().arch
-    else:
-        cur = device_info()
-        arch = cur.arch if cur.name == device else "unknown"
-    return dict(spec.heuristic(norm, int(routes), arch))
+    shape = spec.normalize_shape(dict(shape_items))
+    if isinstance(routes, bool) or not isinstance(routes, int) or routes < 0:
+        raise ValueError(f"routes must be an int >= 0, got {routes!r}")
+    info = device if isinstance(device, DeviceInfo) else None
+    name = device.name if info else str(device)
+    if arch is None:
+        arch = info.arch if info else _arch_of(name, kernel, config_dirs(env))
+    if info is not None and info.arch != arch:
+        info = None  # the device's own limits say nothing about another arch
+    dirs = config_dirs(env)
+    for root in dirs:
+        for source, path in _candidate_paths(root, arch, kernel, shape, name):
+            table = _load(str(path))
+            if table is None:
+                continue
+            hit = _nearest(table, spec, shape, routes, info)
+            if hit is not None:
+                return Pick(MappingProxyType(dict(hit["config"])), source, str(path), hit["density"])
+    _note_missing(kernel, shape, arch, name, dirs)
+    return Pick(MappingProxyType(dict(spec.heuristic(shape, routes, arch))), "heuristic")
+
+
+def _candidate_paths(root: Path, arch: str, kernel: str, shape: dict, name: str):
+    try:
+        if name:
+            yield "device", tables.table_path(root, arch, kernel, shape, device=name)
+    except ValueError as e:
+        _warn_once(f"device:{name}", f"no device table lookup for {name!r}: {e}")
+    try:
+        yield "arch", tables.table_path(root, arch, kernel, shape)
+    except ValueError as e:
+        _warn_once(f"arch:{arch}", f"no table lookup for arch {arch!r}: {e}")
+
+
+def _arch_of(name: str, kernel: str, dirs: tuple[Path, ...]) -> str:
+    """The arch of a device known only by name: the current device's, else the arch directory
+    holding that device's tables for ``kernel``, else "unknown"."""
+    current = device_info()
+    if current.name == name:
+        return current.arch
+    try:
+        slug = tables.device_dir(name)
+    except ValueError:
+        return "unknown"
+    for root in dirs:
+        for arch_dir in sorted(root.glob(f"*/{kernel}/{slug}")):
+            return arch_dir.parent.parent.name
+    return "unknown"
+
+
+@functools.cache
+def _load(path: str) -> dict | None:
+    """A validated table, or None (missing: silently; anything else: one warning)."""
+    if not os.path.exists(path):
+        return None
+    try:
+        doc = tables.read(path)
+        spec = get_spec(doc["kernel"])
+        for i, entry in enumerate(doc["entries"]):
+            try:
+                spec.check_config(entry["config"])
+            except ValueError as e:
+                raise tables.TableError(path, f"entries[{i}].config", str(e)) from None
+    except ValueError as e:  # TableError, unknown kernel
+        _warn_once(path, f"ignoring table: {e}")
+        return None
+    doc["_logd"] = [math.log(e["density"]) for e in doc["entries"]]
+    return doc
+
+
+def _nearest(table: dict, spec: KernelSpec, shape: dict, routes: int, info: DeviceInfo | None) -> dict | None:
+    entries = table["entries"]
+    if not entries:
+        return None
+    x = math.log(routes / shape["E"]) if routes > 0 else -math.inf
+    order = sorted(range(len(entries)), key=lambda i: (abs(table["_logd"][i] - x), i))
+    if info is None:
+        return entries[order[0]]
+    problem = Problem(spec.name, shape, max(1, -(-routes // shape["top_k"])), routes)
+    for i in order:
+        try:
+            if spec.constraint(dict(entries[i]["config"]), problem, info) is None:
+                return entries[i]
+        except Exception:  # a constraint that cannot judge this point does not get to pick it
+            continue
+    return None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, TableWarning, stacklevel=2)
+
+
+def _note_missing(kernel: str, shape: dict, arch: str, name: str, dirs: tuple[Path, ...]) -> None:
+    key = f"missing:{kernel}:{tables.shape_stem(shape)}:{arch}:{name}"
+    if key in _warned:
+        return
+    _warned.add(key)
+    level = logging.DEBUG if arch == "interpreter" else logging.WARNING
+    log.log(level, "no moetune table for %s %s on %s (%s) in %s; using the heuristic", kernel,
+            tables.shape_stem(shape), name or "?", arch, ", ".join(map(str, dirs)) or "no config dirs")
+
+
+def clear_cache() -> None:
+    """Forget every table and answer read so far (after tables changed on disk)."""
+    _pick.cache_clear()
+    _load.cache_clear()
+    packaged_dirs.cache_clear()
+    _warned.clear()
