@@ -1,0 +1,319 @@
+"""``moetune export``: the best accurate config per (device, shape, density) from the results store,
+merged into the lookup tables under ``configs/``.
+
+How a density's config is chosen (docs/tables.md has the long form):
+
+* Rows are grouped by (kernel, device name, shape); all GPUs that report the same device name
+  are one device. Repeated measurements of a config at a point merge: the median of their
+  medians, with a spread that covers how far they disagree.
+* A config that was ever ``inaccurate`` for this (kernel, device, shape) is never exported.
+* Points (tokens, routes, active fraction, routing) with the same density form one entry. Each
+  config scores the geometric mean, over the points it was measured at, of its time over the
+  default's time at that point (the best time there when the default is missing); its noise
+  band is +- half its mean relative spread.
+* The lowest score wins; configs whose bands overlap the winner's are ties, broken by the lower
+  spread. When the default's band overlaps the winner's, the entry keeps the default.
+* Every device gets its own table; the arch table is filled from one device per shape (the one
+  with the most accurate measurements there, or ``arch_device``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import tables
+from .spec import KernelSpec, canonical_json, get_spec
+
+
+@dataclass
+class FileResult:
+    path: Path
+    changes: list[tables.Change]
+
+
+@dataclass
+class ExportResult:
+    files: list[FileResult] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # "file: field: message", one per bad value
+
+
+@dataclass
+class _Point:
+    """One config's merged measurements at one point."""
+
+    time_ms: float
+    spread: float
+    error: float
+    roofline_frac: float | None
+    timestamp: str
+    triton: str | None
+
+
+def _sig(x: float | None, digits: int = 6) -> float | None:
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _opt(value: Any) -> Any:
+    """pandas NaN/None -> None."""
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+class _Rows:
+    """Store rows checked field by field; bad ones become problems naming the row and field."""
+
+    def __init__(self, db: Path):
+        self.db = db
+        self.problems: dict[tuple[str, str], list[int]] = defaultdict(list)
+
+    def bad(self, row_id: int, fld: str, message: str) -> None:
+        self.problems[(fld, message)].append(row_id)
+
+    def messages(self) -> list[str]:
+        out = []
+        for (fld, message), ids in sorted(self.problems.items()):
+            shown = ", ".join(map(str, ids[:5])) + (f" (+{len(ids) - 5} more)" if len(ids) > 5 else "")
+            out.append(f"{self.db}: row{'s' if len(ids) > 1 else ''} {shown}: field {fld}: {message}")
+        return out
+
+    def check(self, row: Mapping[str, Any]) -> dict[str, Any] | None:
+        rid = int(row["id"])
+        try:
+            spec = get_spec(row["kernel"])
+        except ValueError as e:
+            return self.bad(rid, "kernel", str(e))
+        try:
+            tables.check_device_name(row["device_name"], "device_name")
+        except ValueError as e:
+            return self.bad(rid, "device_name", str(e))
+        try:
+            tables.check_arch(row["arch"])
+        except ValueError as e:
+            return self.bad(rid, "arch", str(e))
+        try:
+            shape = spec.normalize_shape(json.loads(row["shape"]))
+        except (TypeError, ValueError) as e:
+            return self.bad(rid, "shape", str(e))
+        try:
+            config = json.loads(row["config"])
+            if not isinstance(config, dict):
+                raise ValueError(f"a config is a JSON object, got {row['config']!r}")
+            if row["status"] == "ok":
+                spec.check_config(config)
+        except (TypeError, ValueError) as e:
+            return self.bad(rid, "config", str(e))
+        out = dict(row, spec=spec, shape=shape, config=config)
+        if row["status"] != "ok":
+            return out
+        for col in ("time_ms", "routes", "tokens"):
+            if not _finite(row[col]) or row[col] <= 0:
+                return self.bad(rid, col, f"an ok row needs a positive finite {col}, got {row[col]!r}")
+        if not _finite(row["error"]) or row["error"] < 0:
+            return self.bad(rid, "error", f"must be finite and >= 0, got {row['error']!r}")
+        af = row["active_fraction"]
+        if not _finite(af) or not 0 < af <= 1:
+            return self.bad(rid, "active_fraction", f"must be in (0, 1], got {af!r}")
+        for col in ("spread", "roofline_frac"):
+            value = _opt(row[col])
+            if value is not None and (not _finite(value) or value < 0):
+                return self.bad(rid, col, f"must be finite and >= 0, got {value!r}")
+        return out
+
+
+def _merge_repeats(rows: list[dict]) -> _Point:
+    times = sorted(r["time_ms"] for r in rows)
+    mid = statistics.median(times)
+    spread = max(_opt(r["spread"]) or 0.0 for r in rows)
+    spread = max(spread, (times[-1] - times[0]) / mid)
+    fracs = [_opt(r["roofline_frac"]) for r in rows if _opt(r["roofline_frac"]) is not None]
+    latest = max(rows, key=lambda r: r["timestamp"] or "")
+    return _Point(mid, spread, max(r["error"] for r in rows), max(fracs) if fracs else None,
+                  latest["timestamp"] or "", _opt(latest["triton_version"]))
+
+
+def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: set[str]) -> tuple[str, int]:
+    """The config key for one density and how many points its score covers."""
+    default = canonical_json(dict(spec.default))
+    scores: dict[str, tuple[float, float, int]] = {}  # config -> (score, mean spread, n points)
+    logs: dict[str, list[float]] = defaultdict(list)
+    spreads: dict[str, list[float]] = defaultdict(list)
+    for measured in points.values():
+        ref = measured[default].time_ms if default in measured else min(p.time_ms for p in measured.values())
+        for cfg, p in measured.items():
+            if cfg in banned:
+                continue
+            logs[cfg].append(math.log(p.time_ms / ref))
+            spreads[cfg].append(p.spread)
+    for cfg, values in logs.items():
+        scores[cfg] = (math.exp(statistics.fmean(values)), statistics.fmean(spreads[cfg]), len(values))
+    if not scores:
+        return "", 0
+
+    def band(cfg: str) -> tuple[float, float]:
+        s, sp, _ = scores[cfg]
+        return s * (1 - sp / 2), s * (1 + sp / 2)
+
+    def overlap(a: str, b: str) -> bool:
+        (lo_a, hi_a), (lo_b, hi_b) = band(a), band(b)
+        return lo_a <= hi_b and lo_b <= hi_a
+
+    best = min(scores, key=lambda c: (scores[c][0], c))
+    if default in scores and overlap(best, default):
+        return default, scores[default][2]
+    tied = [c for c in scores if overlap(c, best)]
+    chosen = min(tied, key=lambda c: (scores[c][1], scores[c][0], c))
+    return chosen, scores[chosen][2]
+
+
+def _entry(cfg: str, default: str, points: dict[tuple, dict[str, _Point]], n: int, device: str) -> dict:
+    """The table entry for ``cfg``, reporting its times at its most typical point: uniform
+    routing first, then the largest active fraction, then the fewest tokens."""
+    mine = [pt for pt in points if cfg in points[pt]]
+    rep = min(mine, key=lambda pt: (pt[3] != "uniform", -pt[2], pt[0], pt[3]))
+    tokens, routes, af, routing = rep
+    p = points[rep][cfg]
+    base = points[rep].get(default)
+    return {
+        "density": None,  # filled by the caller (the group's key)
+        "config": json.loads(cfg),
+        "time_ms": _sig(p.time_ms),
+        "default_ms": _sig(base.time_ms) if base else None,
+        "speedup": _sig(base.time_ms / p.time_ms, 4) if base else None,
+        "spread": _sig(p.spread, 4),
+        "error": _sig(max(points[pt][cfg].error for pt in mine), 4),
+        "roofline_frac": _sig(p.roofline_frac, 4),
+        "tokens": int(tokens), "routes": int(routes), "active_fraction": float(af), "routing": routing,
+        "points": n, "device": device, "triton": p.triton, "date": p.timestamp[:10] or None,
+    }
+
+
+def _fix_speedup(entry: dict) -> dict:
+    """Speedup from the rounded times, so the file is self-consistent."""
+    if entry["default_ms"] is not None:
+        entry["speedup"] = _sig(entry["default_ms"] / entry["time_ms"], 4)
+    if entry["date"] is None:
+        del entry["date"]
+    return entry
+
+
+def _device_table(spec: KernelSpec, device: str, arch: str, shape: dict, rows: list[dict]) -> dict:
+    default = canonical_json(dict(spec.default))
+    banned = {r["config_key"] for r in rows if r["status"] == "inaccurate"}
+    by_density: dict[float, dict[tuple, dict[str, list[dict]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list)))
+    for r in rows:
+        if r["status"] == "ok":
+            pt = (int(r["tokens"]), int(r["routes"]), float(r["active_fraction"]), r["routing"])
+            by_density[tables.density_key(r["routes"] / shape["E"])][pt][r["config_key"]].append(r)
+    entries = []
+    for dkey in sorted(by_density):
+        points = {pt: {c: _merge_repeats(rs) for c, rs in m.items()} for pt, m in by_density[dkey].items()}
+        cfg, n = _choose(spec, points, banned)
+        if cfg:
+            entry = _entry(cfg, default, points, n, device)
+            entry["density"] = dkey
+            entries.append(_fix_speedup(entry))
+    rejected: dict[str, int] = defaultdict(int)
+    for r in rows:
+        if r["status"] != "ok":
+            rejected[r["status"]] += 1
+    latest = max(rows, key=lambda r: r["timestamp"] or "")
+    return {
+        "format": tables.FORMAT, "version": tables.VERSION, "kernel": spec.name, "arch": arch,
+        "device": device, "device_names": [device], "shape": shape, "default": dict(spec.default),
+        "strategy": sorted({r["strategy"] for r in rows if _opt(r["strategy"])}),
+        "candidates": {"measured": len(rows), "ok": sum(r["status"] == "ok" for r in rows),
+                       "rejected": dict(sorted(rejected.items()))},
+        "versions": {"moetune": _opt(latest["moetune_version"]), "triton": _opt(latest["triton_version"]),
+                     "torch": _opt(latest["torch_version"]), "cuda": _opt(latest["cuda_version"])},
+        "date": (latest["timestamp"] or "")[:10] or _today(),
+        "entries": entries,
+    }
+
+
+def _today() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc).date().isoformat()
+
+
+def _arch_table(device_tables: list[dict], arch_device: str | None) -> dict | None:
+    """The arch table for one shape: a copy of one device's table (``arch_device`` if it measured
+    this shape, else the device with the most accurate measurements, ties by name)."""
+    pool = [t for t in device_tables if arch_device is None or t["device"] == arch_device]
+    if not pool:
+        return None
+    src = min(pool, key=lambda t: (-t["candidates"]["ok"], t["device"]))
+    return dict(src, device=None)
+
+
+def _write(path: Path, doc: dict, result: ExportResult) -> None:
+    old = None
+    if path.exists():
+        try:
+            old = tables.read(path)
+        except tables.TableError as e:
+            result.problems.append(f"{e} (not overwritten; fix or delete it and export again)")
+            return
+    try:
+        merged, changes = tables.merge(old, doc, path)
+        tables.write(path, merged)
+    except (tables.TableError, OSError) as e:
+        result.problems.append(str(e))
+        return
+    result.files.append(FileResult(path, changes))
+
+
+def export(db: str | Path, out: str | Path = "configs", *, kernels: Iterable[str] = (),
+           device: str | None = None, arch_device: str | None = None) -> ExportResult:
+    """Write the store's best configs into tables under ``out``; bad rows are reported, not exported."""
+    from .store import Store
+
+    db, out = Path(db), Path(out)
+    kernels = list(kernels)
+    for k in kernels:
+        get_spec(k)  # unknown --kernel: ValueError naming it
+    if device is not None:
+        tables.check_device_name(device, "--device")
+    store = Store(db, create=False)
+    try:
+        frame = store.frame(**({"device_name": device} if device is not None else {}))
+    finally:
+        store.close()
+    if kernels:
+        frame = frame[frame["kernel"].isin(kernels)]
+    checker = _Rows(db)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for row in frame.to_dict("records"):
+        r = checker.check(row)
+        if r is None:
+            continue
+        r["config_key"] = canonical_json(r["config"])
+        groups[(r["kernel"], r["arch"], canonical_json(r["shape"]), r["device_name"])].append(r)
+    result = ExportResult(problems=checker.messages())
+    by_arch: dict[tuple, list[dict]] = defaultdict(list)
+    for (kernel, arch, _, dev), rows in sorted(groups.items()):
+        spec = rows[0]["spec"]
+        doc = _device_table(spec, dev, arch, rows[0]["shape"], rows)
+        if not doc["entries"]:
+            result.problems.append(f"{db}: {kernel} {tables.shape_stem(doc['shape'])} on {dev}: "
+                                   "no accurate measurement to export")
+            continue
+        _write(tables.table_path(out, arch, kernel, doc["shape"], device=dev), doc, result)
+        by_arch[(kernel, arch, tables.shape_stem(doc["shape"]))].append(doc)
+    for (kernel, arch, _), docs in sorted(by_arch.items()):
+        doc = _arch_table(docs, arch_device)
+        if doc is not None:
+            _write(tables.table_path(out, arch, kernel, doc["shape"]), doc, result)
+    return result
+
