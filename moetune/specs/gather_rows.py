@@ -1,0 +1,173 @@
+"""Spec of ``gather_rows``: copy routed quantized rows and their scales in one launch.
+
+The op has no weights, so its shape describes the activation: ``K`` is the row
+width in bytes (the model's hidden size), ``N`` must equal ``K`` (kept only
+because every shape carries it; filled in when omitted), and ``E``/``top_k``
+are there so a table is keyed by density (rows per expert) like the GEMMs it
+feeds. ``routes`` is the number of rows gathered: tokens * top_k * active fraction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..device import DeviceInfo
+from ..models import ModelPreset
+from ..spec import Config, Inputs, KernelSpec, Problem, register
+
+GROUP = 128  # values per fp32 scale
+
+SPACE: dict[str, tuple[int, ...]] = {
+    "BLOCK_SIZE_K": (128, 256, 512, 1024, 2048, 4096, 8192),
+    "ROWS_PER_PROGRAM": (1, 2, 4, 8, 16),
+    "num_warps": (1, 2, 4, 8),
+}
+DEFAULT: Config = {"BLOCK_SIZE_K": 1024, "ROWS_PER_PROGRAM": 1, "num_warps": 4}
+MAX_K_TILES = 65535  # CUDA grid limit of the K-tile axis
+
+
+def _pow2(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1 and v & (v - 1) == 0
+
+
+def check_config(config: Mapping[str, Any]) -> Config:
+    """The full config (defaults filled in); ValueError naming the key when it cannot run."""
+    unknown = set(config) - set(DEFAULT)
+    if unknown:
+        raise ValueError(f"gather_rows: unknown config key(s) {sorted(unknown)}; known: {sorted(DEFAULT)}")
+    full = {**DEFAULT, **config}
+    for key, value in full.items():
+        if not _pow2(value):
+            raise ValueError(f"gather_rows: config {key} must be a power-of-two int, got {value!r}")
+    if full["num_warps"] > 32:
+        raise ValueError(f"gather_rows: config num_warps must be <= 32, got {full['num_warps']}")
+    return full
+
+
+def group_count(k: int) -> int:
+    return -(-k // GROUP)
+
+
+def sorted_dst2src(topk_ids: torch.Tensor) -> torch.Tensor:
+    """The gather map a grouped GEMM wants: for each active route, sorted by expert, its token.
+
+    A token appears once per expert it routes to; inactive slots (id -1) are skipped.
+    """
+    flat = topk_ids.reshape(-1).long()
+    token = torch.arange(topk_ids.numel(), device=topk_ids.device) // topk_ids.shape[1]
+    active = flat >= 0
+    order = torch.sort(flat[active], stable=True).indices
+    return token[active][order].to(torch.int32)
+
+
+class GatherRowsSpec(KernelSpec):
+    name = "gather_rows"
+    description = "gather quantized activation rows and their fp32 group scales in one launch"
+    space = SPACE
+    default = DEFAULT
+    exact = True
+    cuda_graph = True
+
+    def normalize_shape(self, shape: Mapping[str, Any]) -> dict[str, Any]:
+        shape = dict(shape)
+        if "N" not in shape and "K" in shape:
+            shape["N"] = shape["K"]
+        out = super().normalize_shape(shape)
+        if out["N"] != out["K"]:
+            raise ValueError(f"gather_rows: shape field N must equal K (the row width), "
+                             f"got N={out['N']} K={out['K']}")
+        return out
+
+    def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
+        experts, _ = model.per_rank(tp, ep)
+        return {"E": experts, "N": model.hidden, "K": model.hidden, "top_k": model.top_k}
+
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        check_config(config)
+
+    def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        why = super().constraint(config, problem, device)
+        if why:
+            return why
+        k, bk, rows, warps = problem.shape["K"], config["BLOCK_SIZE_K"], config["ROWS_PER_PROGRAM"], \
+            config["num_warps"]
+        if bk > min(SPACE["BLOCK_SIZE_K"]) and bk // 2 >= k:
+            return f"BLOCK_SIZE_K {bk} is over twice K {k}: a half-width tile covers the row"
+        if -(-k // bk) > MAX_K_TILES:
+            return f"BLOCK_SIZE_K {bk} gives more than {MAX_K_TILES} K tiles"
+        if rows > 1 and rows // 2 >= max(problem.routes, 1):
+            return f"ROWS_PER_PROGRAM {rows} is over twice the {problem.routes} rows"
+        tile = rows * min(bk, 1 << max(k - 1, 0).bit_length())
+        if tile < 32 * warps:
+            return f"{warps} warps have more threads than the {tile}-byte tile has bytes"
+        if rows * bk > 512 * 32 * warps:
+            return f"a {rows}x{bk} tile is over 512 bytes per thread with {warps} warps"
+        return None
+
+    def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
+        k = shape["K"]
+        bk = min(2048, max(128, 1 << max(k - 1, 0).bit_length()))
+        # Narrow rows: several rows per program keep each program's copy near 2 KiB.
+        rows = 1
+        while rows < 16 and rows * 2 * bk <= 2048 and rows * 2 <= max(routes, 1):
+            rows *= 2
+        # 16 bytes per thread: one 128-bit load and store each.
+        warps = min(8, max(1, rows * bk // 512))
+        return {"BLOCK_SIZE_K": bk, "ROWS_PER_PROGRAM": rows, "num_warps": warps}
+
+    # ---- running -----------------------------------------------------------------------
+    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+        from ..routing import make_routes
+
+        shape = problem.shape
+        k, g = shape["K"], group_count(shape["K"])
+        gen = torch.Generator().manual_seed(seed)
+        ids, _ = make_routes(problem.tokens, shape["top_k"], shape["E"], routing=problem.routing,
+                             active_fraction=problem.active_fraction, generator=gen)
+        dst2src = sorted_dst2src(ids)
+        # Random bytes, NaN and inf patterns included: the copy must not care what they encode.
+        q = torch.randint(0, 256, (problem.tokens, k), generator=gen, dtype=torch.uint8)
+        scales = torch.rand(problem.tokens, g, generator=gen) + 0.5
+        rows = dst2src.numel()
+        tensors = {"q": q.view(torch.float8_e4m3fn).to(device), "scales": scales.to(device),
+                   "dst2src": dst2src.to(device)}
+        outputs = (torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=device),
+                   torch.empty(rows, g, dtype=torch.float32, device=device))
+        return Inputs(tensors, outputs)
+
+    def run(self, inputs: Inputs, config: Config) -> None:
+        from ..kernels.gather_rows import gather_rows_with_scales
+
+        t = inputs.tensors
+        gather_rows_with_scales(t["q"], t["scales"], t["dst2src"], config=config, out=inputs.outputs)
+
+    def reference(self, inputs: Inputs) -> tuple[torch.Tensor, ...]:
+        from ..kernels.gather_rows import gather_rows_with_scales_reference
+
+        t = inputs.tensors
+        return gather_rows_with_scales_reference(t["q"], t["scales"], t["dst2src"])
+
+    # ---- roofline ------------------------------------------------------------------------
+    def bytes_moved(self, problem: Problem, inputs: Inputs | None = None) -> int:
+        """Distinct source rows read once, every gathered row written, the map read once."""
+        k = problem.shape["K"]
+        row_bytes = k + 4 * group_count(k)
+        if inputs is not None:
+            idx = inputs.tensors["dst2src"]
+            rows, distinct, idx_bytes = idx.numel(), int(torch.unique(idx).numel()), idx.element_size()
+        else:
+            rows, idx_bytes = problem.routes, 4
+            # Every token keeps round(top_k * active_fraction) slots, so each is read if any is active.
+            distinct = problem.tokens if rows else 0
+        return distinct * row_bytes + rows * (row_bytes + idx_bytes)
+
+    def flops(self, problem: Problem, inputs: Inputs | None = None) -> int:
+        return 0
+
+
+SPEC = register(GatherRowsSpec())
+
+__all__ = ["SPEC", "GatherRowsSpec", "check_config", "group_count", "sorted_dst2src", "DEFAULT", "SPACE"]
