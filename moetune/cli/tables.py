@@ -101,21 +101,6 @@ def show(
                           highlight=False)
 
 
-def parse_shape(text: str) -> dict:
-    """"E=256,N=512,K=7168,top_k=8,dtype=bfloat16" -> dict (ints where they parse)."""
-    shape: dict = {}
-    for item in split_list(text):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--shape: expected key=value, got {item!r}")
-        value = value.strip()
-        try:
-            shape[key.strip()] = int(value)
-        except ValueError:
-            shape[key.strip()] = value
-    return shape
-
-
 @app.command()
 def pick(
     kernel: Annotated[str, typer.Option(help="kernel op, e.g. fp8_decode.gate_up")],
@@ -131,6 +116,7 @@ def pick(
     """The config the kernels would use at this point, and where it comes from."""
     from ..models import get_model
     from ..picker import pick_config_with_source
+    from ..problems import parse_shape
     from ..spec import get_spec
 
     with user_errors():
