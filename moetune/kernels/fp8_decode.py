@@ -1,0 +1,502 @@
+"""FP8 block-scale (W8A16) MoE decode path: gate/up GEMM -> gated activation -> down GEMM -> sum over top_k.
+
+Weights are float8_e4m3fn with one scale per 128x128 block (``moetune.quant.fp8_block``).
+One block-FP8 GEMM serves both expert GEMMs (A row = token for gate/up, A row = route
+for down, where the routing weight is applied), in two algorithms the tuner picks per
+route density:
+
+- ``"route"``: one program per (route, N tile, K split). A GEMV: broadcast-multiply and a
+  final row sum, no tensor cores. Split-K adds fp32 atomics into a zeroed buffer, so at one
+  token enough programs, and loads, are in flight to approach copy bandwidth.
+- ``"grouped"``: routes bucketed by expert on the GPU (``_align_kernel``: fixed-size
+  buffers sized from the route count and E, so no host sync and CUDA-graph capturable),
+  padded to BLOCK_SIZE_M; one program per (M block, N tile, K split) runs ``tl.dot``, so
+  routes sharing an expert share its weight reads. Unused M blocks exit at once.
+
+Inactive routes (``topk_ids == -1``, computed elsewhere, e.g. on the CPU) cost nothing: a
+route program writes zeros to its output tile and returns before reading activations,
+weights, scales or routing weights; the grouped path never places them in a block; the
+activation and the top_k sum treat them as zero without reading their rows. Launch shapes
+depend only on M, top_k, N and the config, so the whole path replays from one CUDA graph
+while the routing changes. Intermediates (the gate/up output, per-route down output) are fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from ..activations import ACTIVATIONS, gated_activation
+from ..device import interpreter_active
+from ..quant.fp8_block import FP8_DTYPE, dequantize_fp8_block
+
+SCALE_BLOCK = 128
+ALGOS = ("route", "grouped")
+GEMM_DEFAULT: dict[str, Any] = {
+    "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
+    "SPLIT_K": 1, "num_warps": 4, "num_stages": 1,
+}
+GEMMS = ("gate_up", "down")
+ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
+_SWIGLU_ALPHA = 1.702
+
+
+# ---- kernels ------------------------------------------------------------------------------------
+@triton.jit
+def _route_gemm_kernel(
+    a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
+    N, K, A_ROW_DIV,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
+    APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """out[r, n] (+)= rw[r] * sum_k a[r // A_ROW_DIV, k] * w[ids[r], n, k] * scale; BLOCK_SIZE_N <= 128,
+    so the tile lies in one scale row and the scale is folded into the activation chunk."""
+    r = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_mask = offs_n < N
+    out_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
+    e = tl.load(ids_ptr + r)
+    if e < 0:
+        if SPLIT_K == 1:  # split-K outputs are pre-zeroed
+            tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
+        return
+    e64 = e.to(tl.int64)
+    a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
+    w_rows = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    s_row = s_ptr + e64 * stride_se + ((pid_n * BLOCK_SIZE_N) // 128) * stride_sn
+    iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
+    k_start = pid_k * iters * BLOCK_SIZE_K
+    k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
+    sub = tl.arange(0, 128)
+    acc = tl.zeros([BLOCK_SIZE_N, 128], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_SIZE_K):
+        for j in tl.static_range(BLOCK_SIZE_K // 128):
+            kb = k0 + j * 128
+            offs_k = kb + sub
+            k_mask = offs_k < K
+            s = tl.load(s_row + (tl.minimum(kb, K - 1) // 128) * stride_sk).to(tl.float32)
+            x = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0).to(tl.float32) * s
+            w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0)
+            acc += w.to(tl.float32) * x[None, :]
+    res = tl.sum(acc, axis=1)
+    if APPLY_WEIGHT:
+        res = res * tl.load(rw_ptr + r)
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, res, mask=n_mask)
+    else:
+        tl.atomic_add(out_ptrs, res, mask=n_mask, sem="relaxed")
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
+    N, K, R, A_ROW_DIV,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
+    APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    """The same product for one expert's block of routes (sorted ids, sentinel R = padding) via tl.dot;
+    the fp8 weights convert exactly to the activation dtype and each 128-K partial is scaled per column."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    e = tl.load(block_expert_ptr + pid_m)
+    if e < 0:  # beyond the blocks this routing uses
+        return
+    e64 = e.to(tl.int64)
+    rows = tl.load(sorted_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
+    row_mask = rows < R
+    a_rows = a_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_am
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_mask = offs_n < N
+    w_cols = w_ptr + e64 * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+    s_cols = s_ptr + e64 * stride_se + (offs_n // 128) * stride_sn
+    iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
+    k_start = pid_k * iters * BLOCK_SIZE_K
+    k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
+    sub = tl.arange(0, 128)
+    acc = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_SIZE_K):
+        for j in tl.static_range(BLOCK_SIZE_K // 128):
+            kb = k0 + j * 128
+            offs_k = kb + sub
+            k_mask = offs_k < K
+            a = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                        mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_cols + offs_k[:, None] * stride_wk, mask=k_mask[:, None] & n_mask[None, :],
+                        other=0.0)
+            # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
+            s = tl.load(s_cols + (tl.minimum(kb, K - 1) // 128) * stride_sk, mask=n_mask,
+                        other=0.0).to(tl.float32)
+            if DOT_FP32:
+                acc += tl.dot(a.to(tl.float32), w.to(tl.float32)) * s[None, :]
+            else:
+                acc += tl.dot(a, w.to(a.dtype)) * s[None, :]
+    if APPLY_WEIGHT:
+        acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+    mask = row_mask[:, None] & n_mask[None, :]
+    if SPLIT_K == 1:
+        tl.store(out_ptrs, acc, mask=mask)
+    else:
+        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _align_kernel(
+    ids_ptr, sorted_ptr, block_expert_ptr, R, MAX_BLOCKS, E,
+    BLOCK_SIZE_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr, FILL: tl.constexpr,
+):
+    """One program: bucket the active routes by expert, each bucket padded to BLOCK_SIZE_M.
+
+    Writes block_expert[b] (expert of M block b, -1 past the used blocks) and sorted[b * BLOCK_SIZE_M + i]
+    (route ids, R for padding). Counts and ranks come from one-hot sums, so the result is deterministic."""
+    experts = tl.arange(0, E_P2)
+    lane = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_P2], tl.int32)
+    for c0 in range(0, R, CHUNK):
+        ids = tl.load(ids_ptr + c0 + lane, mask=c0 + lane < R, other=-1).to(tl.int32)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    nblk = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
+    ends = tl.cumsum(nblk, 0)
+    cursor = (ends - nblk) * BLOCK_SIZE_M
+    for b0 in range(0, MAX_BLOCKS, CHUNK):
+        b = b0 + lane
+        owner = tl.sum((ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
+        tl.store(block_expert_ptr + b, tl.where(owner < E, owner, -1), mask=b < MAX_BLOCKS)
+    pad = tl.zeros([FILL], tl.int32) + R
+    for i0 in range(0, MAX_BLOCKS * BLOCK_SIZE_M, FILL):
+        i = i0 + tl.arange(0, FILL)
+        tl.store(sorted_ptr + i, pad, mask=i < MAX_BLOCKS * BLOCK_SIZE_M)
+    tl.debug_barrier()
+    for c0 in range(0, R, CHUNK):
+        ids = tl.load(ids_ptr + c0 + lane, mask=c0 + lane < R, other=-1).to(tl.int32)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        base = tl.sum(onehot * cursor[None, :], axis=1)
+        earlier = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+        rank = tl.sum(earlier.to(tl.int32), axis=1)
+        tl.store(sorted_ptr + base + rank, c0 + lane, mask=ids >= 0)
+        cursor += tl.sum(onehot, axis=0)
+
+
+@triton.jit
+def _gated_act_kernel(
+    gu_ptr, out_ptr, ids_ptr, I, stride_gm, stride_om, limit,
+    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """out[r] = act(gate, up) with gate = gu[r, :I], up = gu[r, I:]; inactive routes get zeros, unread.
+    Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu)."""
+    r = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    out_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs
+    if tl.load(ids_ptr + r) < 0:
+        tl.store(out_ptrs, tl.zeros([BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
+        return
+    row = gu_ptr + r.to(tl.int64) * stride_gm
+    g = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(row + I + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_LIMIT and ACTIVATION != 1:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    if ACTIVATION == 0:
+        y = g * tl.sigmoid(g) * u
+    elif ACTIVATION == 1:
+        # 0.5 * (1 + tanh(z)) == sigmoid(2 z), z = sqrt(2 / pi) * (g + 0.044715 g^3)
+        y = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g)) * u
+    else:
+        y = g * tl.sigmoid(1.702 * g) * (u + 1.0)
+    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, BLOCK: tl.constexpr):
+    """out[m] = sum over active routes of y[m * TOP_K + j] (fp32), cast to out's dtype."""
+    m = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < H
+    acc = tl.zeros([BLOCK], tl.float32)
+    for j in range(TOP_K):
+        r = m * TOP_K + j
+        if tl.load(ids_ptr + r) >= 0:
+            acc += tl.load(y_ptr + r.to(tl.int64) * stride_ym + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- configs ------------------------------------------------------------------------------------
+def _pow2(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+
+
+def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+    """The full config (defaults filled in) for one GEMM; ValueError naming the key otherwise."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{where} must be a mapping of tile parameters, got {type(config).__name__}")
+    unknown = set(config) - set(GEMM_DEFAULT)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {sorted(unknown)}; known: {sorted(GEMM_DEFAULT)}")
+    cfg = {**GEMM_DEFAULT, **config}
+    if cfg["ALGO"] not in ALGOS:
+        raise ValueError(f"{where}['ALGO'] must be one of {ALGOS}, got {cfg['ALGO']!r}")
+    bn_max = 128 if cfg["ALGO"] == "route" else 256
+    checks = (
+        ("BLOCK_SIZE_M", _pow2(cfg["BLOCK_SIZE_M"]) and 16 <= cfg["BLOCK_SIZE_M"] <= 256,
+         "a power of two in [16, 256]"),
+        ("BLOCK_SIZE_N", _pow2(cfg["BLOCK_SIZE_N"]) and 16 <= cfg["BLOCK_SIZE_N"] <= bn_max,
+         f"a power of two in [16, {bn_max}] for ALGO {cfg['ALGO']!r}"),
+        ("BLOCK_SIZE_K", _pow2(cfg["BLOCK_SIZE_K"]) and SCALE_BLOCK <= cfg["BLOCK_SIZE_K"] <= 1024,
+         f"a power-of-two multiple of the {SCALE_BLOCK} scale block, at most 1024"),
+        ("SPLIT_K", isinstance(cfg["SPLIT_K"], int) and not isinstance(cfg["SPLIT_K"], bool)
+         and 1 <= cfg["SPLIT_K"] <= 64, "an int in [1, 64]"),
+        ("num_warps", _pow2(cfg["num_warps"]) and cfg["num_warps"] <= 16, "a power of two in [1, 16]"),
+        ("num_stages", isinstance(cfg["num_stages"], int) and not isinstance(cfg["num_stages"], bool)
+         and 1 <= cfg["num_stages"] <= 8, "an int in [1, 8]"),
+    )
+    for key, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"{where}[{key!r}] must be {expected}, got {cfg[key]!r}")
+    return cfg
+
+
+def max_blocks(routes: int, num_experts: int, block_m: int) -> int:
+    """Most M blocks any routing of ``routes`` rows over ``num_experts`` experts can fill."""
+    return min(routes, triton.cdiv(routes, block_m) + min(num_experts, routes))
+
+
+# ---- launchers ----------------------------------------------------------------------------------
+def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bucket routes by expert: (sorted route ids [max_blocks * block_m] int32, padding = R;
+    block_expert [max_blocks] int32, -1 for unused blocks).
+
+    Sizes depend only on the route count, E and block_m, so this is CUDA-graph capturable."""
+    ids = topk_ids.reshape(-1)
+    routes = ids.numel()
+    nb = max_blocks(routes, num_experts, block_m)
+    sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
+    if routes:
+        e_p2 = triton.next_power_of_2(num_experts)
+        chunk = max(16, min(128, 8192 // e_p2))
+        _align_kernel[(1,)](ids, sorted_ids, block_expert, routes, nb, num_experts,
+                            BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=1024, num_warps=8)
+    return sorted_ids, block_expert
+
+
+def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk_ids: torch.Tensor,
+                   out: torch.Tensor, config: Mapping[str, Any], *, a_row_div: int = 1,
+                   topk_weights: torch.Tensor | None = None,
+                   aligned: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``out[r, :] = (topk_weights[r] *) a[r // a_row_div] @ dequant(w[topk_ids[r]]).T`` for every route r.
+
+    Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32 [R, N]; it is
+    zeroed first when SPLIT_K > 1. ``aligned`` is ``align_routes``' result for the grouped algorithm
+    (computed here when None). Inactive rows: zeros (route) or untouched (grouped)."""
+    cfg = check_gemm_config(config)
+    ids = topk_ids.reshape(-1)
+    rw = topk_weights.reshape(-1) if topk_weights is not None else ids
+    routes, n = out.shape
+    k = w.shape[2]
+    if routes == 0:
+        return out
+    split = cfg["SPLIT_K"]
+    if split > 1:
+        out.zero_()
+    common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
+                  BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_K=split,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    strides = (a.stride(0), a.stride(1), *w.stride(), *w_scale.stride(), out.stride(0))
+    n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
+    if cfg["ALGO"] == "route":
+        _route_gemm_kernel[(routes, n_tiles, split)](
+            a, w, w_scale, ids, rw, out, n, k, a_row_div, *strides, **common)
+        return out
+    if aligned is None:
+        aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"])
+    sorted_ids, block_expert = aligned
+    # the Triton interpreter's bf16 tl.dot is wrong (3.9); it runs the dot in fp32 instead
+    interpreter_bf16 = a.dtype == torch.bfloat16 and interpreter_active()
+    _grouped_gemm_kernel[(block_expert.numel(), n_tiles, split)](
+        a, w, w_scale, sorted_ids, block_expert, rw, out, n, k, routes, a_row_div, *strides,
+        BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], DOT_FP32=a.dtype == torch.float32 or interpreter_bf16, **common)
+    return out
+
+
+def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, activation: str,
+                          limit: float | None = None) -> torch.Tensor:
+    """``out [R, I] = act(gu[:, :I], gu[:, I:])`` per active route, zeros for inactive ones."""
+    routes, inter = out.shape
+    if routes:
+        block = min(1024, triton.next_power_of_2(inter))
+        _gated_act_kernel[(routes, triton.cdiv(inter, block))](
+            gu, out, topk_ids.reshape(-1), inter, gu.stride(0), out.stride(0),
+            float(limit) if limit is not None else 0.0,
+            ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block, num_warps=4)
+    return out
+
+
+def sum_topk(y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``out [M, H] = sum_j y[m * top_k + j]`` over active routes."""
+    m, h = out.shape
+    if m:
+        top_k = y.shape[0] // m
+        block = min(1024, triton.next_power_of_2(h))
+        _sum_topk_kernel[(m, triton.cdiv(h, block))](
+            y, topk_ids.reshape(-1), out, h, top_k, y.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+    return out
+
+
+# ---- public API ---------------------------------------------------------------------------------
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation, swiglu_limit):
+    """Shapes (M, H, E, I, top_k); ValueError naming the argument and the expected value otherwise."""
+    named = dict(x=x, w13=w13, w13_scale=w13_scale, w2=w2, w2_scale=w2_scale,
+                 topk_weights=topk_weights, topk_ids=topk_ids)
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    ranks = dict(x=2, w13=3, w13_scale=3, w2=3, w2_scale=3, topk_weights=2, topk_ids=2)
+    for name, rank in ranks.items():
+        if named[name].dim() != rank:
+            raise ValueError(f"{name} must have rank {rank}, got shape {tuple(named[name].shape)}")
+    if x.dtype not in ACT_DTYPES:
+        raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    for name in ("w13", "w2"):
+        if named[name].dtype != FP8_DTYPE:
+            raise ValueError(f"{name} must be {FP8_DTYPE}, got {named[name].dtype}")
+    for name in ("w13_scale", "w2_scale"):
+        if named[name].dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{name} must be float32 or bfloat16, got {named[name].dtype}")
+    if topk_weights.dtype != torch.float32:
+        raise ValueError(f"topk_weights must be float32, got {topk_weights.dtype}")
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    for name, t in named.items():
+        if t.device != x.device:
+            raise ValueError(f"{name} is on {t.device}, expected x's device {x.device}")
+    m, h = x.shape
+    e, n13, h13 = w13.shape
+    if n13 % 2 or n13 == 0:
+        raise ValueError(f"w13 must be [E, 2*I, H] with gate rows then up rows; dim 1 is {n13}, not even")
+    inter = n13 // 2
+    if h13 != h:
+        raise ValueError(f"w13 must be [E, 2*I, {h}] (H from x), got {tuple(w13.shape)}")
+    if tuple(w2.shape) != (e, h, inter):
+        raise ValueError(f"w2 must be [{e}, {h}, {inter}] (E, H, I from w13 and x), got {tuple(w2.shape)}")
+    for name, (rows, cols) in (("w13_scale", (n13, h)), ("w2_scale", (h, inter))):
+        s = named[name]
+        nb, kb = triton.cdiv(rows, SCALE_BLOCK), triton.cdiv(cols, SCALE_BLOCK)
+        if s.shape[0] != e or s.shape[1] != nb or s.shape[2] < kb:
+            raise ValueError(f"{name} must be [{e}, {nb}, >= {kb}] (one scale per 128x128 block), "
+                             f"got {tuple(s.shape)}")
+    if topk_ids.shape[0] != m or topk_ids.shape[1] < 1:
+        raise ValueError(f"topk_ids must be [{m}, top_k] (M from x), got {tuple(topk_ids.shape)}")
+    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
+                         f"got {tuple(topk_weights.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if swiglu_limit is not None and not (isinstance(swiglu_limit, (int, float))
+                                         and 0 < swiglu_limit < float("inf")):
+        raise ValueError(f"swiglu_limit must be None or a positive finite number, got {swiglu_limit!r}")
+    return m, h, e, inter, topk_ids.shape[1]
+
+
+def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict], routes: int
+                   ) -> dict[str, dict[str, Any]]:
+    """Per-GEMM configs: checked ``config`` entries, the tile picker's choice for missing ones."""
+    if config is None:
+        config = {}
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be None or a mapping {{'gate_up': {{...}}, 'down': {{...}}}}, "
+                         f"got {type(config).__name__}")
+    unknown = set(config) - set(GEMMS)
+    if unknown:
+        raise ValueError(f"config: unknown key(s) {sorted(unknown)}; expected {list(GEMMS)}")
+    out = {}
+    for gemm in GEMMS:
+        if gemm in config:
+            out[gemm] = check_gemm_config(config[gemm], f"config[{gemm!r}]")
+        else:
+            from ..picker import pick_config
+
+            out[gemm] = check_gemm_config(pick_config(f"fp8_decode.{gemm}", shapes[gemm], routes),
+                                          f"picked config for fp8_decode.{gemm}")
+    return out
+
+
+def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                   w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                   activation: str = "silu", swiglu_limit: float | None = None,
+                   config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
+    """MoE layer output ``[M, H]`` in x's dtype for block-FP8 experts; routes with id -1 contribute 0.
+
+    Shapes: x [M, H]; w13 [E, 2I, H] fp8 (gate rows, then up rows); w13_scale [E, ceil(2I/128),
+    >= ceil(H/128)]; w2 [E, H, I] fp8; w2_scale [E, ceil(H/128), >= ceil(I/128)]; topk_weights [M, top_k]
+    fp32; topk_ids [M, top_k] int32/int64 in [-1, E). ``config``: ``{"gate_up": {...}, "down": {...}}``
+    tile parameters (``GEMM_DEFAULT`` keys); missing GEMMs use ``moetune.picker.pick_config``.
+    ``validate=True`` checks the ids (one host sync); otherwise the path never syncs.
+    """
+    m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                                          activation, swiglu_limit)
+    dtype = _dtype_name(x.dtype)
+    shapes = {"gate_up": {"E": e, "N": 2 * inter, "K": h, "top_k": top_k, "dtype": dtype},
+              "down": {"E": e, "N": h, "K": inter, "top_k": top_k, "dtype": dtype}}
+    cfg = resolve_config(config, shapes, m * top_k)
+    if validate and topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < -1 or hi >= e:
+            raise ValueError(f"topk_ids must lie in [-1, {e}), got values in [{lo}, {hi}]")
+    if m == 0:
+        return x.new_empty((0, h))
+    routes = m * top_k
+    ids = topk_ids.reshape(-1).contiguous()
+    rw = topk_weights.reshape(-1).contiguous()
+    aligned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for c in cfg.values():
+        if c["ALGO"] == "grouped" and c["BLOCK_SIZE_M"] not in aligned:
+            aligned[c["BLOCK_SIZE_M"]] = align_routes(ids, e, c["BLOCK_SIZE_M"])
+
+    gu = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
+    fp8_block_gemm(x, w13, w13_scale, ids, gu, cfg["gate_up"], a_row_div=top_k,
+                   aligned=aligned.get(cfg["gate_up"]["BLOCK_SIZE_M"]))
+    act = gated_activation_rows(gu, ids, torch.empty(routes, inter, dtype=x.dtype, device=x.device),
+                                activation, swiglu_limit)
+    down = torch.empty(routes, h, dtype=torch.float32, device=x.device)
+    fp8_block_gemm(act, w2, w2_scale, ids, down, cfg["down"], topk_weights=rw,
+                   aligned=aligned.get(cfg["down"]["BLOCK_SIZE_M"]))
+    return sum_topk(down, ids, torch.empty(m, h, dtype=x.dtype, device=x.device))
+
+
+def fp8_decode_moe_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
+                             w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                             activation: str = "silu", swiglu_limit: float | None = None,
+                             config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
+    """fp32 torch on the dequantized weights of the experts actually routed to (``config`` ignored);
+    inactive routes contribute 0 and their experts' storage is never read."""
+    m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
+                                          activation, swiglu_limit)
+    out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
+    xf = x.float()
+    for expert in torch.unique(topk_ids[topk_ids >= 0]).tolist():
+        tok, slot = (topk_ids == expert).nonzero(as_tuple=True)
+        g13 = dequantize_fp8_block(w13[expert], w13_scale[expert])
+        g2 = dequantize_fp8_block(w2[expert], w2_scale[expert])
+        gu = xf[tok] @ g13.T
+        act = gated_activation(gu[:, :inter], gu[:, inter:], activation, swiglu_limit)
+        if x.dtype != torch.float32:  # the kernel feeds the down GEMM in the activation dtype
+            act = act.to(x.dtype).float()
+        y = (act @ g2.T) * topk_weights[tok, slot, None]
+        out.index_add_(0, tok, y)
+    return out.to(x.dtype)
