@@ -1,0 +1,280 @@
+"""Compile candidates in parallel, then measure them one at a time in an isolated worker process.
+
+A :class:`WorkerPool` keeps spawned :mod:`moetune.worker` processes busy with
+tasks and turns every way a task can end into a result: an answer, a dead
+process (``crash``, with the signal and the tail of its log) or silence past the
+timeout (``timeout``, the process is killed). A dead or killed worker is started
+again before its next task, so one bad candidate never stops a sweep.
+
+:class:`Runner` uses two pools: ``jobs`` compile workers that run each candidate
+once on the real problem so Triton's on-disk cache (shared across processes)
+holds its binary, and one measuring worker per GPU that checks accuracy and times
+each candidate while nothing else runs on the GPU. A candidate that fails to
+compile, crashes or hangs in the compile stage is final: it is not run again.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from .device import DeviceInfo
+from .spec import Config, KernelSpec, Problem, canonical_json
+
+STARTUP_TIMEOUT_S = 600.0  # importing torch and triton, creating a CUDA context
+
+
+def _signal_name(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class WorkerHandle:
+    """One worker process and the task it is running (at most one)."""
+
+    def __init__(self, name: str, device_index: int | None, log_dir: Path):
+        self.name, self.device_index = name, device_index
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: Any = None
+        self.conn: Any = None
+        self.hello: dict[str, Any] | None = None
+        self.task_key: Any = None
+        self.deadline = 0.0
+        self.started_at = 0.0
+        self._log_offset = 0
+
+    # ---- life cycle --------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    @property
+    def busy(self) -> bool:
+        return self.task_key is not None
+
+    def launch(self) -> None:
+        from . import worker
+
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=worker.main, args=(child, str(self.log_path), self.device_index),
+                                name=f"moetune-{self.name}", daemon=True)
+        self.proc.start()
+        child.close()
+        self.conn, self.hello = parent, None
+
+    def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
+        if self.hello is None:
+            if not self.conn.poll(timeout):
+                self.stop()
+                raise RuntimeError(f"worker {self.name} did not start within {timeout:.0f} s")
+            try:
+                self.hello = self.conn.recv()
+            except EOFError:
+                self.proc.join(5)
+                raise RuntimeError(f"worker {self.name} died while starting "
+                                   f"({_signal_name(self.proc.exitcode)}): {self._log_tail(0)}") from None
+        return self.hello
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.is_alive():
+                self.proc.kill()
+            self.proc.join(10)
+            self.conn.close()
+        self.proc = self.conn = None
+        self.task_key = None
+
+    # ---- tasks ---------------------------------------------------------------------------------------
+    def submit(self, key: Any, task: dict[str, Any], timeout: float) -> None:
+        if not self.alive:
+            self.stop()
+            self.launch()
+        self.wait_ready()
+        self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.conn.send(task)
+        self.task_key, self.started_at, self.deadline = key, time.monotonic(), time.monotonic() + timeout
+
+    def waitables(self) -> list[Any]:
+        return [self.conn, self.proc.sentinel] if self.busy else []
+
+    def collect(self) -> tuple[Any, dict[str, Any]] | None:
+        """The finished task's (key, result), or None while it is still running in time."""
+        if not self.busy:
+            return None
+        key, result = self.task_key, None
+        if self.conn.poll():
+            try:
+                result = self.conn.recv()
+            except (EOFError, OSError):
+                result = None
+            if result is not None and result.get("restart"):
+                self.proc.join(10)  # it exits by itself after a CUDA error
+                self.stop()
+        if result is None and not self.proc.is_alive():
+            self.proc.join(1)
+            why = _signal_name(self.proc.exitcode)
+            result = {"status": "crash", "reason": f"worker died ({why}): {self._log_tail(self._log_offset)}"}
+            self.stop()
+        if result is None and time.monotonic() > self.deadline:
+            limit = self.deadline - self.started_at
+            result = {"status": "timeout", "reason": f"no result within {limit:g} s; worker killed"}
+            self.stop()
+        if result is None:
+            return None
+        self.task_key = None
+        result["parent_ms"] = (time.monotonic() - self.started_at) * 1e3
+        return key, result
+
+    def _log_tail(self, offset: int, limit: int = 300) -> str:
+        """The most telling line the task left in the log: an error line if any, else the last one."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "no log"
+        if not lines:
+            return "no output"
+        errors = [ln for ln in lines if "error" in ln.lower() or "abort" in ln.lower()]
+        return (errors[0] if errors else lines[-1])[:limit]
+
+
+class WorkerPool:
+    """Worker processes sharing a queue of tasks; results come back as they finish."""
+
+    def __init__(self, size: int, prefix: str, device_index: int | None, log_dir: Path):
+        self.handles = [WorkerHandle(f"{prefix}{i}", device_index, log_dir) for i in range(size)]
+
+    def start(self) -> dict[str, Any]:
+        for h in self.handles:
+            if not h.alive:
+                h.launch()
+        return [h.wait_ready() for h in self.handles][0]
+
+    def run(self, tasks: Iterable[tuple[Any, dict[str, Any]]], timeout: float,
+            admit: Callable[[Any], bool] | None = None) -> Iterator[tuple[Any, dict[str, Any]]]:
+        """Yield (key, result) for each task; ``admit(key)`` is asked just before a task starts."""
+        queue = collections.deque(tasks)
+        while True:
+            for h in self.handles:
+                while not h.busy and queue:
+                    key, task = queue.popleft()
+                    if admit is None or admit(key):
+                        h.submit(key, task, timeout)
+            busy = [h for h in self.handles if h.busy]
+            if not busy:
+                return
+            left = min(h.deadline for h in busy) - time.monotonic()
+            wait([w for h in busy for w in h.waitables()], max(0.0, left) + 0.01)
+            for h in busy:
+                done = h.collect()
+                if done is not None:
+                    yield done
+
+    def stop(self) -> None:
+        for h in self.handles:
+            h.stop()
+
+
+class Runner:
+    """Measures candidates of one problem at a time; the sweep writes what it yields to the store."""
+
+    def __init__(self, *, timeout: float = 60.0, jobs: int | None = None, device_index: int | None = None,
+                 timing: dict[str, Any] | None = None, log_dir: str | Path | None = None):
+        if timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {timeout}")
+        if jobs is not None and jobs < 0:
+            raise ValueError(f"--jobs must be >= 0, got {jobs}")
+        self.timeout, self.jobs, self.timing = timeout, jobs, dict(timing or {})
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-workers-") if log_dir is None else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.measurer = WorkerPool(1, "gpu", device_index, self.log_dir)
+        self.compiler: WorkerPool | None = None
+        self.device_index = device_index
+        self.device: DeviceInfo | None = None
+        self.versions: dict[str, str] = {}
+        self.compile_seconds = 0.0
+        self.compiled = 0
+
+    def start(self) -> DeviceInfo:
+        hello = self.measurer.start()
+        self.device = DeviceInfo(**hello["device"])
+        self.versions = hello["versions"]
+        if self.jobs is None:  # compile on every core on a GPU; the interpreter has nothing to compile
+            self.jobs = (os.cpu_count() or 1) if self.device.is_gpu else 0
+        return self.device
+
+    def __enter__(self) -> Runner:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.measurer.stop()
+        if self.compiler is not None:
+            self.compiler.stop()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    @staticmethod
+    def seed_for(problem: Problem, config: Config, seed: int) -> int:
+        """A fresh input seed per candidate, the same on a rerun."""
+        return zlib.crc32(f"{seed}|{problem.describe()}|{canonical_json(config)}".encode()) & 0x7FFFFFFF
+
+    def _task(self, mode: str, spec: KernelSpec, problem: Problem, config: Config,
+              seed: int) -> dict[str, Any]:
+        return {"mode": mode, "kernel": spec.name, "spec_module": type(spec).__module__, "problem": problem,
+                "config": dict(config), "seed": self.seed_for(problem, config, seed), "timing": self.timing}
+
+    def compile(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config],
+                seed: int = 0) -> dict[str, dict[str, Any]]:
+        """Compile stage on ``jobs`` processes: config key -> result (status ok when it compiled)."""
+        if not self.jobs:
+            return {}
+        if self.compiler is None:
+            self.compiler = WorkerPool(self.jobs, "compile", self.device_index, self.log_dir)
+            self.compiler.start()
+        t0 = time.monotonic()
+        tasks = [(canonical_json(c), self._task("compile", spec, problem, c, seed)) for c in configs]
+        out = dict(self.compiler.run(tasks, 2 * self.timeout))
+        self.compile_seconds += time.monotonic() - t0
+        self.compiled += len(tasks)
+        return out
+
+    def measure(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config], seed: int = 0,
+                admit: Callable[[Config], bool] | None = None) -> Iterator[tuple[Config, dict[str, Any]]]:
+        """Yield (config, result) per candidate as each finishes; ``admit`` may skip one just before
+        it runs (another sweep on the same store measured it meanwhile)."""
+        if self.device is None:
+            self.start()
+        by_key = {canonical_json(c): dict(c) for c in configs}
+        compiled = self.compile(spec, problem, list(by_key.values()), seed)
+        todo = []
+        for key, config in by_key.items():
+            res = compiled.get(key)
+            if res is not None and res["status"] != "ok":
+                res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
+                yield config, res
+            else:
+                todo.append((key, self._task("measure", spec, problem, config, seed)))
+        check = None if admit is None else (lambda key: admit(by_key[key]))
+        for key, res in self.measurer.run(todo, self.timeout, check):
+            yield by_key[key], res

@@ -1,0 +1,204 @@
+"""The sweep: for each problem, the default first, then whatever the strategy proposes, into the store.
+
+Every result is written the moment it arrives, so an interrupted or killed sweep
+keeps all it measured; a rerun skips candidates the store already holds for the
+same (kernel, device, shape, tokens, routes, active fraction, routing, config).
+The library reports progress through an ``on_event`` callback; the CLI draws it.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .device import DeviceInfo
+from .runner import Runner
+from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
+from .store import Store
+from .strategies import Observation, SearchContext, get_strategy
+
+BATCH = 64  # candidates proposed (and compiled in parallel) at a time
+
+
+@dataclass
+class Point:
+    """One problem's search: its constrained candidates and what has been measured there."""
+
+    spec: KernelSpec
+    problem: Problem
+    candidates: list[Config]
+    pruned: int
+    default: Config
+    already: int = 0  # rows the store held before this sweep
+    counts: collections.Counter = field(default_factory=collections.Counter)  # new rows by status
+    best: Observation | None = None
+    baseline: Observation | None = None  # the default's measurement
+
+    def note(self, obs: Observation) -> None:
+        if obs.ok and (self.best is None or obs.time_ms < self.best.time_ms):
+            self.best = obs
+        if canonical_json(obs.config) == canonical_json(self.default):
+            self.baseline = obs
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best and self.baseline and self.baseline.ok:
+            return self.baseline.time_ms / self.best.time_ms
+        return None
+
+
+def full_config(spec: KernelSpec, candidate: Config) -> Config:
+    """Default values under the candidate's, so stored configs always carry every key."""
+    return {**spec.default, **candidate}
+
+
+def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Point:
+    """The constrained candidate list; ValueError when nothing survives the constraints."""
+    cands, seen, pruned = [], set(), 0
+    for raw in spec.candidates():
+        cfg = full_config(spec, raw)
+        key = canonical_json(cfg)
+        if key in seen:
+            continue
+        seen.add(key)
+        if spec.constraint(cfg, problem, device) is None:
+            cands.append(cfg)
+        else:
+            pruned += 1
+    if not cands:
+        raise ValueError(f"{problem.describe()}: no candidate config passes the constraints "
+                         f"({pruned} pruned)")
+    return Point(spec, problem, cands, pruned, dict(spec.default))
+
+
+class Sweep:
+    """Runs problems through a strategy, a runner and a store."""
+
+    def __init__(self, store: Store, runner: Runner, *, strategy: str = "exhaustive",
+                 budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
+                 sweep_id: str | None = None, batch: int = BATCH):
+        get_strategy(strategy)  # unknown name -> ValueError before anything runs
+        if budget is not None and budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {budget}")
+        self.store, self.runner = store, runner
+        self.strategy, self.budget, self.seed, self.batch = strategy, budget, seed, batch
+        self.on_event = on_event or (lambda *a, **k: None)
+        self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
+        self.points: list[Point] = []
+        self.overhead_ms: list[float] = []  # per measured candidate: wall time beyond its timed runs
+
+    # ---- store access ------------------------------------------------------------------------------------
+    def _key(self, p: Problem) -> dict[str, Any]:
+        return {"kernel": p.kernel, "device_name": self.device.name, "shape": p.shape_key, "tokens": p.tokens,
+                "routes": p.routes, "active_fraction": p.active_fraction, "routing": p.routing}
+
+    def _stored(self, p: Problem) -> list[Observation]:
+        return [Observation.from_row(r) for r in self.store.frame(**self._key(p)).to_dict("records")]
+
+    def _row(self, point: Point, config: Config, res: dict[str, Any]) -> dict[str, Any]:
+        p, d = point.problem, self.device
+        row = {**self._key(p), "sweep_id": self.sweep_id, "arch": d.arch, **self.runner.versions,
+               "density": p.density, "config": canonical_json(config), "strategy": self.strategy}
+        for k in ("status", "reason", "error", "time_ms", "min_ms", "spread", "n_runs", "bytes", "flops",
+                  "roofline_frac"):
+            if res.get(k) is not None:
+                row[k] = res[k]
+        return row
+
+    # ---- the sweep -----------------------------------------------------------------------------------------
+    def plan(self, problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
+        """Constrain every problem's space up front: bad input fails before anything is measured."""
+        self.device = device
+        self.points = [plan_point(get_spec(p.kernel), p, device) for p in problems]
+        for pt in self.points:
+            stored = self._stored(pt.problem)
+            pt.already = len(stored)
+            for o in stored:
+                pt.note(o)
+        return self.points
+
+    def expected(self, pt: Point) -> int:
+        """Measurements this sweep will still make at ``pt`` (for the progress bar)."""
+        total = len({canonical_json(c) for c in pt.candidates} | {canonical_json(pt.default)})
+        if self.budget is not None:
+            total = min(total, self.budget)
+        return max(0, total - pt.already)
+
+    def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
+        if problems is not None or not self.points:
+            if self.runner.device is None:
+                self.runner.start()
+            self.plan(problems or [], self.runner.device)
+        self.on_event("start", points=self.points, total=sum(self.expected(pt) for pt in self.points))
+        for i, pt in enumerate(self.points):
+            self._run_point(pt, self._hints(i))
+        self.on_event("done", points=self.points)
+        return self.points
+
+    def _hints(self, i: int) -> list[Config]:
+        """Warm starts: the best configs found so far for the same op and shape at other densities,
+        nearest density first."""
+        me = self.points[i]
+        near = [pt for pt in self.points[:i] if pt.problem.kernel == me.problem.kernel
+                and pt.problem.shape_key == me.problem.shape_key and pt.best is not None]
+        near.sort(key=lambda pt: abs(pt.problem.density - me.problem.density))
+        return [pt.best.config for pt in near]
+
+    def _measure(self, pt: Point, configs: Sequence[Config]) -> list[Observation]:
+        """Measure and store each config (skipping ones another sweep stored meanwhile)."""
+        key = self._key(pt.problem)
+
+        def admit(config: Config) -> bool:
+            return canonical_json(config) not in self.store.measured_configs(**key)
+
+        out = []
+        for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit):
+            t0 = time.monotonic()
+            row = self._row(pt, config, res)
+            self.store.add(row)
+            obs = Observation.from_row(row)
+            pt.counts[obs.status] += 1
+            pt.note(obs)
+            out.append(obs)
+            if "kernel_ms" in res and "parent_ms" in res:
+                self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
+            self.on_event("result", point=pt, row=row, obs=obs)
+        return out
+
+    def _run_point(self, pt: Point, hints: list[Config]) -> None:
+        self.on_event("point", point=pt)
+        measured = {o.key for o in self._stored(pt.problem)}
+        if canonical_json(pt.default) not in measured:  # the baseline, always first
+            self._measure(pt, [pt.default])
+        strategy = get_strategy(self.strategy)
+        strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
+                                     hints, self.budget, self.seed))
+        while True:
+            batch = strategy.propose(self.batch)
+            if not batch:
+                break
+            strategy.observe(self._measure(pt, batch))
+
+
+def summary_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
+    """One plain dict per point for tables and scripts."""
+    rows = []
+    for pt in points:
+        p = pt.problem
+        rows.append({
+            "kernel": p.kernel, "shape": p.shape_key, "tokens": p.tokens, "routes": p.routes,
+            "active": p.active_fraction, "routing": p.routing, "density": p.density,
+            "candidates": len(pt.candidates), "pruned": pt.pruned, "already": pt.already,
+            **{s: pt.counts.get(s, 0) for s in ("ok", "inaccurate", "compile_error", "crash", "timeout",
+                                                 "invalid")},
+            "best_ms": pt.best.time_ms if pt.best else None,
+            "best_config": json.dumps(pt.best.config, sort_keys=True) if pt.best else None,
+            "default_ms": pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None,
+            "speedup": pt.speedup,
+        })
+    return rows

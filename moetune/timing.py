@@ -1,0 +1,131 @@
+"""How a candidate is timed, and what its time is worth against the card's ceilings.
+
+Launch-bound ops (``spec.cuda_graph``) are timed as CUDA-graph replays of several
+runs, so launch overhead is what it will be in serving; every other op is timed
+one run at a time between device events with L2 flushed before each run. Input
+sets rotate when one set fits in L2, so no run reads what the previous one left
+in cache. The reported time is the median of many samples after warm-up, with
+the minimum and the spread (p80 - p20) / median. On the Triton interpreter the
+same code runs with a wall clock; those times mean nothing and are marked so.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# Measured ceilings per card (device-name substring -> copy bytes/s (read + written), bf16 and fp8
+# matrix flop/s). The H200 numbers are the team's own measurements (DESIGN.md).
+CEILINGS: dict[str, tuple[float, float, float]] = {
+    "H200": (4.27e12, 790e12, 1265e12),
+}
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    target_ms: float = 25.0  # device time spent on timed samples per candidate (before clamping)
+    min_runs: int = 10
+    max_runs: int = 100
+    warmup: int = 2
+    graph_runs: int = 10  # runs captured per CUDA graph; a sample is one replay / graph_runs
+    wall_runs: int = 2  # interpreter: samples taken with the wall clock
+
+
+def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
+    """Median, min and relative spread (p80 - p20) / median of the samples."""
+    xs = sorted(samples_ms)
+    med = statistics.median(xs)
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
+    spread = (q[7] - q[1]) / med if med > 0 else 0.0
+    return {"time_ms": med, "min_ms": xs[0], "spread": spread, "n_runs": len(xs)}
+
+
+def roofline_frac(device_name: str, nbytes: int | None, flops: int | None, time_ms: float | None,
+                  mma: str = "bf16") -> float | None:
+    """Fraction of the card's ceiling the time reaches: the larger of the memory term
+    (bytes / copy bandwidth) and the compute term (flops / matrix rate, ``mma`` picks bf16 or fp8)
+    over the time. None for cards without measured ceilings or without a time."""
+    ceil = next((c for key, c in CEILINGS.items() if key in device_name), None)
+    if ceil is None or not time_ms or time_ms <= 0:
+        return None
+    bandwidth, bf16, fp8 = ceil
+    floor_s = max((nbytes or 0) / bandwidth, (flops or 0) / (fp8 if mma == "fp8" else bf16))
+    return floor_s / (time_ms * 1e-3)
+
+
+def _runs_for(est_ms: float, opts: TimingOptions) -> int:
+    n = int(opts.target_ms / max(est_ms, 1e-4))
+    return max(opts.min_runs, min(opts.max_runs, n))
+
+
+Samples = tuple[list[float], int]  # per-run times (ms) and how many runs each sample spans
+
+
+def time_wall(fns: Sequence[Callable[[], None]], opts: TimingOptions) -> Samples:
+    """Interpreter: wall-clock samples (meaningless as GPU times; the CLI says so)."""
+    out = []
+    for i in range(opts.wall_runs):
+        t0 = time.perf_counter()
+        fns[i % len(fns)]()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out, 1
+
+
+def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes: int) -> Samples:
+    """One run per sample between CUDA events, with L2 flushed (a buffer twice its size written) first."""
+    import torch
+
+    flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.uint8, device="cuda")
+
+    def sample(i: int) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fns[i % len(fns)]()
+        end.record()
+        return start, end
+
+    for i in range(opts.warmup):
+        fns[i % len(fns)]()
+    est = [sample(i) for i in range(3)]
+    torch.cuda.synchronize()
+    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts)
+    events = [sample(i) for i in range(n)]
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in events], 1
+
+
+def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions) -> Samples:
+    """Capture ``graph_runs`` runs (cycling the input sets) in one CUDA graph; a sample is one replay's
+    time divided by the runs in it. Raises if the op cannot be captured (callers fall back to events)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the default stream, as graph capture requires
+        for i in range(max(opts.warmup, len(fns))):
+            fns[i % len(fns)]()
+    torch.cuda.current_stream().wait_stream(side)
+    runs = -(-opts.graph_runs // len(fns)) * len(fns)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(runs):
+            fns[i % len(fns)]()
+    graph.replay()
+    torch.cuda.synchronize()
+
+    def sample() -> tuple[torch.cuda.Event, torch.cuda.Event]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        return start, end
+
+    est = [sample() for _ in range(3)]
+    torch.cuda.synchronize()
+    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts)
+    events = [sample() for _ in range(n)]
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) / runs for s, e in events], runs

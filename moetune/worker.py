@@ -1,0 +1,187 @@
+"""The measuring process: runs candidates where a crash can only take this process down.
+
+The sweep's process never touches the GPU's kernels. Each worker is a spawned
+process holding one CUDA context; it answers tasks over a pipe. A candidate that
+raises is classified here; one that aborts, segfaults or hangs is seen by the
+parent (:mod:`moetune.runner`) as a dead or silent worker. After a CUDA error the
+context may be corrupt, so the worker says so and exits, and the parent starts a
+new one. Its stdout/stderr go to a log file whose tail becomes the crash reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from typing import Any
+
+# Exception names (any module) that mean the config did not compile or does not fit the device.
+_COMPILE_ERRORS = {"CompilationError", "OutOfResources", "PTXASError", "CompileTimeAssertionFailure"}
+_CUDA_MARKERS = ("CUDA error", "illegal memory access", "device-side assert", "misaligned address",
+                 "unspecified launch failure", "an illegal instruction")
+
+
+def classify(exc: BaseException, on_gpu: bool) -> tuple[str, bool]:
+    """(status, restart the worker) for an exception a candidate raised."""
+    name, module, text = type(exc).__name__, type(exc).__module__, str(exc)
+    if name == "AcceleratorError" or any(m in text for m in _CUDA_MARKERS):
+        return "crash", True
+    if name in _COMPILE_ERRORS or module.startswith("triton"):
+        return "compile_error", False
+    if isinstance(exc, ValueError):
+        return "invalid", False  # the launcher refused the config
+    return "crash", on_gpu  # unknown failure: on a GPU, do not trust the context any more
+
+
+def describe(exc: BaseException, limit: int = 400) -> str:
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    text = f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
+    return text[:limit]
+
+
+class _Candidate:
+    """One candidate's accuracy check and timing inside the worker."""
+
+    def __init__(self, task: dict[str, Any], device: Any):
+        from .spec import get_spec
+
+        self.task, self.device = task, device
+        try:
+            self.spec = get_spec(task["kernel"])
+        except ValueError:  # a spec registered at run time (tests, plugins): import its module here
+            import importlib
+
+            importlib.import_module(task["spec_module"])
+            self.spec = get_spec(task["kernel"])
+        self.problem = task["problem"]
+        self.config = task["config"]
+        self.where = "cuda" if device.is_gpu else "cpu"
+
+    def _sync(self) -> None:
+        if self.device.is_gpu:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _run(self, inputs: Any) -> None:
+        self.spec.run(inputs, self.config)
+        self._sync()
+
+    def compile(self, inputs: Any) -> dict[str, Any]:
+        """Run once on the real problem so Triton compiles (and caches) this config's binary."""
+        self._run(inputs)
+        return {"status": "ok"}
+
+    def measure(self, inputs: Any) -> dict[str, Any]:
+        from .timing import TimingOptions, roofline_frac, summarize, time_events, time_graph, time_wall
+
+        spec, problem = self.spec, self.problem
+        expected = spec.reference(inputs)
+        spec.poison(inputs)
+        self._run(inputs)
+        err = float(spec.error(inputs.outputs, expected))
+        out: dict[str, Any] = {"error": err, "bytes": int(spec.bytes_moved(problem, inputs)),
+                               "flops": int(spec.flops(problem, inputs))}
+        if not spec.passes(err):
+            limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
+            return {**out, "status": "inaccurate", "reason": f"error {err:.3g} vs reference ({limit})"}
+        opts = TimingOptions(**self.task.get("timing", {}))
+        sets = [inputs] + [spec.make_inputs(problem, self.where, self.task["seed"] + i)
+                           for i in range(1, self._input_sets(out["bytes"]))]
+        fns = [lambda s=s: spec.run(s, self.config) for s in sets]
+        reason = None
+        if not self.device.is_gpu:  # the arch column ("interpreter") marks these times as meaningless
+            samples, per = time_wall(fns, opts)
+        elif spec.cuda_graph:
+            try:
+                samples, per = time_graph(fns, opts)
+            except RuntimeError as e:  # not capturable: still time it, and say how
+                if any(m in str(e) for m in _CUDA_MARKERS):
+                    raise
+                samples, per = time_events(fns, opts, self.device.l2_bytes)
+                reason = f"timed without a CUDA graph (capture failed: {describe(e, 120)})"
+        else:
+            samples, per = time_events(fns, opts, self.device.l2_bytes)
+        stats = summarize(samples)
+        frac = roofline_frac(self.device.name, out["bytes"], out["flops"], stats["time_ms"],
+                             getattr(spec, "mma", "bf16")) if self.device.is_gpu else None
+        return {**out, **stats, "status": "ok", "reason": reason, "roofline_frac": frac,
+                "kernel_ms": sum(samples) * per}
+
+    def _input_sets(self, nbytes: int) -> int:
+        """Rotate input sets when one fits in L2 twice over, so runs do not hit each other's cache."""
+        l2 = self.device.l2_bytes
+        if not self.device.is_gpu or not l2 or nbytes >= 2 * l2:
+            return 1
+        return min(4, -(-2 * l2 // max(nbytes, 1)))
+
+
+def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
+    """Run one task; every failure a candidate can raise becomes a status and a reason."""
+    t0 = time.perf_counter()
+    stage = "setup"
+    try:
+        cand = _Candidate(task, device)
+        stage = "make_inputs"
+        inputs = cand.spec.make_inputs(cand.problem, cand.where, task["seed"])
+        stage = "run"
+        result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
+    except Exception as e:  # noqa: BLE001 - every failure is data here
+        status, restart = classify(e, device.is_gpu)
+        if stage != "run":
+            status, restart = "crash", restart or device.is_gpu
+        reason = describe(e) if stage == "run" else f"{stage} failed: {describe(e)}"
+        traceback.print_exc()  # into the worker's log, for whoever digs deeper
+        result = {"status": status, "reason": reason, "restart": restart}
+    result["wall_ms"] = (time.perf_counter() - t0) * 1e3
+    return result
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the sweep dies (even by SIGKILL), so no orphan holds the GPU."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def main(conn: Any, log_path: str, device_index: int | None) -> None:
+    """Entry point of a spawned worker: say hello with the device and versions, then serve tasks."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's to handle
+    _die_with_parent()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    import faulthandler
+
+    faulthandler.enable()  # a segfault leaves a Python stack in the log
+    import torch
+    import triton
+
+    from . import __version__
+    from .device import device_info
+
+    if device_index is not None and torch.cuda.is_available():
+        torch.cuda.set_device(device_index)
+    device = device_info(device_index)
+    conn.send({"device": asdict(device), "versions": {
+        "moetune_version": __version__, "triton_version": triton.__version__,
+        "torch_version": torch.__version__, "cuda_version": torch.version.cuda}})
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        result = handle(task, device)
+        sys.stdout.flush()
+        conn.send(result)
+        if result.get("restart"):
+            os._exit(3)  # the context may be corrupt; the parent starts a fresh worker
