@@ -57,7 +57,6 @@ class Pick:
     density_key: float | None = None
 
 
-@functools.lru_cache(maxsize=1)
 def packaged_dirs() -> tuple[Path, ...]:
     """Tables shipped with moetune: ``moetune/configs`` inside an installed package, and the
     repository's top-level ``configs/`` when running from a source checkout."""
@@ -173,7 +172,8 @@ def _nearest(table: dict, spec: KernelSpec, shape: dict, routes: int, info: Devi
     if not entries:
         return None
     x = math.log(routes / shape["E"]) if routes > 0 else -math.inf
-    order = sorted(range(len(entries)), key=lambda i: (abs(table["_logd"][i] - x), i))
+    # Distances equal to 1e-9 are a tie (float logs of 2 and 8 are not equidistant from 4); lower wins.
+    order = sorted(range(len(entries)), key=lambda i: (round(abs(table["_logd"][i] - x), 9), i))
     if info is None:
         return entries[order[0]]
     problem = Problem(spec.name, shape, max(1, -(-routes // shape["top_k"])), routes)
@@ -209,5 +209,4 @@ def clear_cache() -> None:
     """Forget every table and answer read so far (after tables changed on disk)."""
     _pick.cache_clear()
     _load.cache_clear()
-    packaged_dirs.cache_clear()
     _warned.clear()
