@@ -77,7 +77,7 @@ def put(root, doc: dict) -> Any:
     return path
 
 
-def row(config: dict, time_ms: float, *, tokens: int = 4, active_fraction: float = 1.0,
+def row(config: dict, time_ms: float | None, *, tokens: int = 4, active_fraction: float = 1.0,
         routing: str = "uniform", device: str = DEVICE, arch: str = "sm_90", status: str = "ok",
         spread: float = 0.01, error: float = 0.001, shape: dict | None = None, kernel: str = KERNEL,
         **extra) -> dict:
@@ -89,7 +89,7 @@ def row(config: dict, time_ms: float, *, tokens: int = 4, active_fraction: float
          "cuda_version": "12.8", "shape": shape,
          "tokens": tokens, "routes": routes, "active_fraction": active_fraction, "routing": routing,
          "density": routes / shape["E"], "config": {**SPEC.default, **config}, "status": status,
-         "error": error, "time_ms": time_ms, "min_ms": time_ms * 0.98, "spread": spread, "n_runs": 50,
-         "roofline_frac": 0.4, "strategy": "exhaustive", "timestamp": "2026-11-29T12:00:00+00:00"}
+         "error": error, "time_ms": time_ms, "min_ms": time_ms and time_ms * 0.98, "spread": spread,
+         "n_runs": 50, "roofline_frac": 0.4, "strategy": "exhaustive", "timestamp": "2026-11-29T12:00:00Z"}
     r.update(extra)
     return r

@@ -1,0 +1,196 @@
+"""moetune export: choosing per density from the store, noise rules, device/arch files, merging, bad rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, row
+
+from moetune import picker, tables
+from moetune.device import DeviceInfo
+from moetune.export import export
+from moetune.store import Store
+
+DEFAULT = dict(SPEC.default)
+H = DeviceInfo(name=DEVICE, arch="sm_90", sm_count=132, max_shared_mem=232448, l2_bytes=60 << 20, is_gpu=True)
+
+
+def fill(path, rows):
+    with Store(path) as s:
+        return [s.add(r) for r in rows]
+
+
+def read(out, device=DEVICE, arch="sm_90", shape=SHAPE):
+    return tables.read(tables.table_path(out, arch, KERNEL, shape, device=device))
+
+
+def by_density(doc):
+    return {e["density"]: e for e in doc["entries"]}
+
+
+def test_best_accurate_config_per_density_into_device_and_arch_tables(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    rows = []
+    for tokens, best in ((1, cfg(16)), (4, cfg(32)), (16, cfg(64, 128, 8))):
+        rows += [row(DEFAULT, 2.0, tokens=tokens), row(best, 1.0, tokens=tokens),
+                 row(cfg(128), 1.5, tokens=tokens), row(cfg(16, 64), None, tokens=tokens, status="crash")]
+    fill(db, rows)
+    result = export(db, out)
+    assert result.problems == []
+    assert len(result.files) == 2 and all(c.status == "added" for f in result.files for c in f.changes)
+    dev, arch = read(out), read(out, device=None)
+    assert dev["entries"] == arch["entries"]
+    assert arch["device"] is None and arch["device_names"] == [DEVICE] == dev["device_names"]
+    got = by_density(dev)
+    assert {d: e["config"] for d, e in got.items()} == {0.25: cfg(16), 1.0: cfg(32), 4.0: cfg(64, 128, 8)}
+    e = got[1.0]
+    assert (e["time_ms"], e["default_ms"], e["speedup"], e["tokens"], e["routes"], e["points"]) == \
+        (1.0, 2.0, 2.0, 4, 8, 1)
+    assert dev["candidates"] == {"measured": 12, "ok": 9, "rejected": {"crash": 3}}
+    assert dev["versions"] == {"moetune": "0.1.0", "triton": "3.6.0", "torch": "2.11.0", "cuda": "12.8"}
+    assert dev["strategy"] == ["exhaustive"] and dev["default"] == DEFAULT
+
+
+def test_best_within_noise_of_the_default_keeps_the_default(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, spread=0.05), row(cfg(16), 1.96, spread=0.05),
+              row(DEFAULT, 2.0, tokens=16, spread=0.01), row(cfg(16), 1.9, tokens=16, spread=0.01)])
+    assert export(db, out).problems == []
+    got = by_density(read(out))
+    assert got[1.0]["config"] == DEFAULT and got[1.0]["speedup"] == 1.0
+    assert got[4.0]["config"] == cfg(16) and got[4.0]["speedup"] == pytest.approx(2.0 / 1.9, rel=1e-3)
+
+
+def test_ties_within_noise_go_to_the_lower_spread(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.00, spread=0.10), row(cfg(32), 1.02, spread=0.01),
+              row(cfg(128), 1.3, spread=0.0)])
+    export(db, out)
+    assert by_density(read(out))[1.0]["config"] == cfg(32)
+
+
+def test_a_config_inaccurate_anywhere_is_never_exported(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, tokens=1), row(cfg(16), 0.5, tokens=1), row(cfg(32), 1.0, tokens=1),
+              row(DEFAULT, 2.0, tokens=4), row(cfg(16), 0.5, tokens=4, status="inaccurate", error=0.3)])
+    export(db, out)
+    got = by_density(read(out))
+    assert got[0.25]["config"] == cfg(32) and got[1.0]["config"] == DEFAULT
+
+
+def test_repeats_and_gpus_of_one_name_merge_other_names_stay_apart(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0), row(cfg(16), 1.2), row(cfg(16), 1.1),  # one name
+              row(DEFAULT, 2.0, device="NVIDIA Other"), row(cfg(32), 1.0, device="NVIDIA Other")])
+    result = export(db, out)
+    assert len(result.files) == 3  # two device tables, one arch table
+    mine = by_density(read(out))[1.0]
+    assert mine["time_ms"] == pytest.approx(1.1) and mine["spread"] >= 0.2 / 1.1 - 1e-3
+    assert by_density(read(out, device="NVIDIA Other"))[1.0]["config"] == cfg(32)
+    # the arch table comes from the device with the most accurate measurements ...
+    assert by_density(read(out, device=None))[1.0]["device"] == DEVICE
+    # ... unless told otherwise
+    export(db, out, arch_device="NVIDIA Other")
+    arch = read(out, device=None)
+    assert by_density(arch)[1.0]["config"] == cfg(32) and arch["device_names"] == ["NVIDIA Other"]
+
+
+def test_points_of_one_density_form_one_entry(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    # 4 tokens at full activity and 8 tokens with half the routes active: both 8 routes, density 1
+    fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0), row(cfg(32), 1.1),
+              row(DEFAULT, 2.2, tokens=8, active_fraction=0.5),
+              row(cfg(16), 1.5, tokens=8, active_fraction=0.5),
+              row(cfg(32), 1.0, tokens=8, active_fraction=0.5),
+              row(DEFAULT, 2.0, routing="zipf:1.2"), row(cfg(32), 1.0, routing="zipf:1.2")])
+    export(db, out)
+    (e,) = read(out)["entries"]
+    # cfg(32): geomean(1.1/2, 1/2.2, 1/2) beats cfg(16): geomean(1/2, 1.5/2.2)
+    assert e["config"] == cfg(32) and e["points"] == 3
+    assert (e["tokens"], e["active_fraction"], e["routing"]) == (4, 1.0, "uniform")  # reported at uniform
+
+
+def test_without_a_default_measurement_the_best_is_exported_without_speedup(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(cfg(16), 1.0), row(cfg(32), 1.5)])
+    export(db, out)
+    (e,) = read(out)["entries"]
+    assert e["config"] == cfg(16) and e["default_ms"] is None and e["speedup"] is None
+
+
+def test_re_export_merges_and_reports_changes(tmp_path):
+    db1, db2, out = tmp_path / "a.sqlite", tmp_path / "b.sqlite", tmp_path / "configs"
+    fill(db1, [row(DEFAULT, 2.0, tokens=1), row(cfg(16), 1.0, tokens=1),
+               row(DEFAULT, 2.0, tokens=4), row(cfg(32), 1.0, tokens=4)])
+    export(db1, out)
+    fill(db2, [row(DEFAULT, 2.0, tokens=4), row(cfg(32, 64), 0.5, tokens=4),
+               row(DEFAULT, 2.0, tokens=16), row(cfg(64), 1.0, tokens=16)])
+    result = export(db2, out)
+    dev = next(f for f in result.files if f.path.parent.name == "nvidia_toy_9000")
+    assert {c.density: c.status for c in dev.changes} == {0.25: "kept", 1.0: "changed", 4.0: "added"}
+    assert {d: e["config"] for d, e in by_density(read(out)).items()} == \
+        {0.25: cfg(16), 1.0: cfg(32, 64), 4.0: cfg(64)}
+    again = export(db2, out)
+    assert {c.status for f in again.files for c in f.changes} == {"kept", "unchanged"}
+
+
+def test_bad_rows_are_reported_by_row_and_field_and_the_rest_exports(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    ids = fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0),
+                    row(cfg(16), 1.0, kernel="nope.kernel"),
+                    row(cfg(16), 1.0, device="../../etc"),
+                    row(cfg(16), float("nan")),
+                    row(cfg(16), -1.0),
+                    row({"BLOCK_SIZE_M": 17}, 1.0),
+                    row(cfg(16), 1.0, arch="SM 90"),
+                    row(cfg(16), 1.0, error=float("inf"))])
+    result = export(db, out)
+    text = "\n".join(result.problems)
+    for rid, fld in zip(ids[2:], ["kernel", "device_name", "time_ms", "time_ms", "config", "arch", "error"],
+                        strict=True):
+        assert f"row {rid}: field {fld}:" in text
+    assert all(p.startswith(str(db)) for p in result.problems)
+    assert by_density(read(out))[1.0]["config"] == cfg(16)
+    assert not list(out.rglob("*etc*"))
+
+
+def test_a_corrupt_existing_table_is_reported_and_left_alone(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0)])
+    path = tables.table_path(out, "sm_90", KERNEL, SHAPE, device=DEVICE)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"format": "moetune-table", "version": 7}')
+    result = export(db, out)
+    assert any(str(path) in p and "version" in p for p in result.problems)
+    assert path.read_text() == '{"format": "moetune-table", "version": 7}'
+    assert read(out, device=None)["entries"][0]["config"] == cfg(16)  # the arch table still written
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        export(tmp_path / "missing.sqlite", tmp_path)
+    fill(tmp_path / "r.sqlite", [row(DEFAULT, 2.0)])
+    with pytest.raises(ValueError, match="unknown kernel"):
+        export(tmp_path / "r.sqlite", tmp_path, kernels=["nope.kernel"])
+    with pytest.raises(ValueError, match="--device"):
+        export(tmp_path / "r.sqlite", tmp_path, device="a/b")
+
+
+def test_export_then_pick_round_trip(tmp_path, monkeypatch):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, tokens=1), row(cfg(16), 1.0, tokens=1),
+              row(DEFAULT, 2.0, tokens=16), row(cfg(64, 128, 8), 1.0, tokens=16)])
+    export(db, out)
+    monkeypatch.setenv(picker.ENV_VAR, str(out))
+    monkeypatch.setattr(picker, "packaged_dirs", lambda: ())
+    picker.clear_cache()
+    try:
+        lo = picker.pick_config_with_source(KERNEL, SHAPE, 2, device=H)
+        hi = picker.pick_config_with_source(KERNEL, SHAPE, 40, device=H)
+        assert (lo.source, dict(lo.config), lo.density_key) == ("device", cfg(16), 0.25)
+        assert (hi.source, dict(hi.config), hi.density_key) == ("device", cfg(64, 128, 8), 4.0)
+        # between the keys (log-midpoint of 0.25 and 4 is 1): the lower one
+        assert math.isclose(picker.pick_config_with_source(KERNEL, SHAPE, 8, device=H).density_key, 0.25)
+    finally:
+        picker.clear_cache()
