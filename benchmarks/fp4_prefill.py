@@ -1,0 +1,232 @@
+"""H200 benchmark of the FP4 grouped prefill GEMMs (DeepSeek-V4-Flash, TP=2): shipped static config
+vs the best of a hand sweep, every config checked against the reference before its time counts.
+
+    PYTHONPATH=. python benchmarks/fp4_prefill.py --out OUT_DIR [--routes 1536,6144,24576]
+        [--configs FILE.json]   # {"gate_up": [cfg, ...], "down": [...]} instead of the hand sweep
+
+Phase 1 compiles and smoke-runs every config in parallel worker processes (crash isolation,
+shared Triton cache); phase 2 checks accuracy and times, one config at a time, in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from moetune.models import get_model
+from moetune.spec import canonical_json, get_spec
+
+COPY_BW = 4.27e12  # bytes/s, measured device-to-device copy on this H200
+BF16_RATE = 700e12  # flop/s, measured bf16 matmul
+FP8_RATE = 1265e12  # flop/s, measured fp8 _scaled_mm
+OPS = ("gate_up", "down")
+DEADLINE = float("inf")  # wall clock after which no new config is timed (--budget)
+
+
+def hand_configs(op: str) -> list[dict]:
+    base = {"GROUP_SIZE_M": 8, "num_stages": 1, "UNPACK": "join", "BLOCK_SIZE_K": 128}
+    out = []
+    for dec in ("bf16", "bf16_bits", "fp8"):
+        for bm in (16, 32, 64, 128):
+            for bn in (64, 128):
+                for w in (4, 8):
+                    out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec))
+        for bm in (16, 64, 128):
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                            DECODE=dec, UNPACK="shift"))
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                            DECODE=dec, BLOCK_SIZE_K=64))
+        for bm in (16, 128):
+            for st in (2, 3):
+                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                                DECODE=dec, num_stages=st))
+        for bm in (64, 128):
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=256, num_warps=8, DECODE=dec))
+        out.append(dict(base, BLOCK_SIZE_M=256, BLOCK_SIZE_N=128, num_warps=8, DECODE=dec))
+        out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, num_warps=4, DECODE=dec, GROUP_SIZE_M=1))
+        if op == "gate_up":
+            for bm in (16, 64, 128):
+                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                                DECODE=dec, A_LAYOUT="gathered"))
+    return out
+
+
+def problems(routes_list: list[int]):
+    model = get_model("deepseek-v4-flash")
+    for op in OPS:
+        spec = get_spec(f"fp4_prefill.{op}")
+        shape = spec.shape_from_model(model, tp=2)
+        for routes in routes_list:
+            yield op, spec, spec.problem(shape, tokens=routes // shape["top_k"])
+
+
+def worker(args) -> None:
+    """Compile and run each config once per problem; report which ran."""
+    todo = json.loads(Path(args.worker).read_text())
+    status = {}
+    for op, spec, prob in problems(args.routes):
+        inputs = None
+        for cfg in todo.get(op, []):
+            key = f"{op}|{canonical_json(cfg)}"
+            if status.get(key, "ok") != "ok" or spec.constraint(cfg, prob, _device()):
+                continue
+            inputs = inputs or spec.make_inputs(prob, "cuda", seed=1)
+            try:
+                spec.run(inputs, cfg)
+                torch.cuda.synchronize()
+                status[key] = "ok"
+            except Exception as e:  # compile errors are results here
+                status[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            Path(args.worker + ".out").write_text(json.dumps(status))
+        del inputs
+        torch.cuda.empty_cache()
+    Path(args.worker + ".out").write_text(json.dumps(status))
+
+
+def _device():
+    from moetune.device import device_info
+
+    return device_info()
+
+
+def compile_all(configs: dict[str, list[dict]], routes: list[int], out: Path, jobs: int) -> dict[str, str]:
+    chunks = [{op: [] for op in OPS} for _ in range(jobs)]
+    i = 0
+    for op in OPS:
+        for cfg in configs[op]:
+            chunks[i % jobs][op].append(cfg)
+            i += 1
+    procs = []
+    for j, chunk in enumerate(chunks):
+        f = out / f"worker{j}.json"
+        f.write_text(json.dumps(chunk))
+        cmd = [sys.executable, __file__, "--worker", str(f), "--routes", ",".join(map(str, routes))]
+        err = open(f"{f}.err", "w")
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), f, chunk))
+    status = {}
+    for p, f, chunk in procs:
+        p.wait()
+        done = json.loads(Path(f"{f}.out").read_text()) if Path(f"{f}.out").exists() else {}
+        status.update(done)
+        if p.returncode:
+            for op in OPS:  # a crashed worker: whatever it had not reported counts as crashed
+                for cfg in chunk[op]:
+                    status.setdefault(f"{op}|{canonical_json(cfg)}", f"crash (worker rc {p.returncode})")
+    return status
+
+
+def time_ms(fn, reps: int = 30) -> tuple[float, float]:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est = time.perf_counter() - t0
+    reps = int(min(reps, max(5, 0.1 / max(est, 1e-6))))
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times), min(times)
+
+
+def measure(spec, prob, inputs, ref, configs, status, flops, log) -> list[dict]:
+    """Accuracy first (outputs poisoned), then the time, for every config that compiled."""
+    results = []
+    dev = _device()
+    for cfg in configs:
+        if spec.constraint(cfg, prob, dev) or time.time() > DEADLINE:
+            continue
+        rec = {"op": spec.gemm, "routes": prob.routes, "config": cfg}
+        key = f"{spec.gemm}|{canonical_json(cfg)}"
+        if status.get(key) != "ok":
+            rec.update(status=status.get(key, "not compiled"))
+        else:
+            spec.poison(inputs)
+            spec.run(inputs, cfg)
+            rec["error"] = err = spec.error(inputs.outputs, ref)
+            if not spec.passes(err):
+                rec["status"] = "inaccurate"
+            else:
+                med, mn = time_ms(lambda c=cfg: spec.run(inputs, c))
+                rec.update(status="ok", ms=med, min_ms=mn, tflops=flops / med / 1e9)
+                results.append(rec)
+        log.write(json.dumps(rec) + "\n")
+        log.flush()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("results/fp4_prefill_out"))
+    ap.add_argument("--routes", type=lambda s: [int(v) for v in s.split(",")], default=[1536, 6144, 24576])
+    ap.add_argument("--configs", type=Path, help="JSON {op: [configs]} instead of the hand sweep")
+    ap.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1))
+    ap.add_argument("--budget", type=float, default=0, help="seconds; stop timing new configs after this")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    global DEADLINE
+    if args.budget:
+        DEADLINE = time.time() + args.budget
+    args.out.mkdir(parents=True, exist_ok=True)
+    configs = json.loads(args.configs.read_text()) if args.configs else {op: hand_configs(op) for op in OPS}
+    for op in OPS:
+        default = dict(get_spec(f"fp4_prefill.{op}").default)
+        configs[op] = [default] + [c for c in configs[op] if canonical_json(c) != canonical_json(default)]
+    t0 = time.time()
+    status = compile_all(configs, args.routes, args.out, args.jobs)
+    print(f"compiled {len(status)} (op, config) pairs in {time.time() - t0:.0f}s; "
+          f"{sum(v != 'ok' for v in status.values())} failed", flush=True)
+    rows, log = [], open(args.out / "measurements.jsonl", "w")
+    for op, spec, prob in problems(args.routes):
+        inputs = spec.make_inputs(prob, "cuda", seed=7)
+        ref = spec.reference(inputs)
+        flops = spec.flops(prob, inputs)
+        s = prob.shape
+        floor_ms = s["E"] * s["N"] * (s["K"] // 2 + s["K"] // 32) / COPY_BW * 1e3
+        results = measure(spec, prob, inputs, ref, configs[op], status, flops, log)
+        shipped = canonical_json(configs[op][0])
+        static = next((r for r in results if canonical_json(r["config"]) == shipped), None)
+        best = min(results, key=lambda r: r["ms"]) if results else None
+        rows.append((op, prob.routes, static, best, floor_ms, len(results)))
+        print(f"{op} routes={prob.routes}: {len(results)} timed; best {best and best['ms']:.3f} ms "
+              f"{best and canonical_json(best['config'])}", flush=True)
+        del inputs, ref
+        torch.cuda.empty_cache()
+    lines = ["| GEMM | routes | rows/expert | static ms | best ms | speedup | best TFLOP/s | % bf16 | % fp8 "
+             "| floor ms | best / floor | configs timed | best config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for op, routes, static, best, floor_ms, n in rows:
+        if not best:
+            lines.append(f"| {op} | {routes} | | | | | | | | {floor_ms:.3f} | | 0 | |")
+            continue
+        st = static["ms"] if static else float("nan")
+        tf = best["tflops"]
+        cfg = " ".join(f"{k}={v}" for k, v in best["config"].items())
+        lines.append(f"| {op} | {routes} | {routes / 256:g} | {st:.3f} | {best['ms']:.3f} "
+                     f"| {st / best['ms']:.2f}x | {tf:.0f} | {tf / BF16_RATE * 1e14:.0f}% "
+                     f"| {tf / FP8_RATE * 1e14:.0f}% | {floor_ms:.3f} | {best['ms'] / floor_ms:.2f}x "
+                     f"| {n} | {cfg} |")
+    table = "\n".join(lines)
+    (args.out / "table.md").write_text(table + "\n")
+    best_cfgs = {f"{op}|{routes}": best["config"] for op, routes, _, best, _, _ in rows if best}
+    (args.out / "best.json").write_text(json.dumps(best_cfgs, indent=1))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
