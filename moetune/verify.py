@@ -3,13 +3,13 @@
 Static checks (``--schema-only``, what CI runs): the JSON Schema, the file's place (a file
 whose name is not where the picker looks would silently never load), the kernel exists, its
 shape normalizes, and every entry's config passes the kernel's constraints at that entry's
-point. On a GPU, each entry is also re-run: accuracy against the reference and time against the
-shipped default, flagging a config that is now slower than the default beyond noise.
+point. Without ``--schema-only``, on a device of the table's arch, each entry is also re-run
+through the tuner's runner: the accuracy gate again, and its time against the shipped default
+at the same point, flagging a config that is now slower than the default beyond noise.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -119,39 +119,50 @@ def _check_place(path: Path, doc: dict, shape: dict, bad: Callable[[str, str], N
         bad("(path)", f"the picker looks for this table at .../{want.as_posix()}; it is at {path}")
 
 
-Measure = Callable[[KernelSpec, Problem, dict], tuple[float, float, float]]
+# (spec, problem, config) -> a result as the tuner's runner gives it: status, error, time_ms, spread, reason.
+Measure = Callable[[KernelSpec, Problem, dict], dict]
 
 
-def gpu_measure(spec: KernelSpec, problem: Problem, config: dict) -> tuple[float, float, float]:
-    """(relative error, median ms, relative spread) of ``config`` at ``problem`` on this GPU:
-    fresh inputs, NaN-poisoned outputs, the reference, then triton's do_bench."""
-    import triton.testing
+class RunnerMeasure:
+    """Measures through the tuner's runner (isolated worker, the sweep's accuracy gate and timing rules)."""
 
-    inputs = spec.make_inputs(problem, "cuda", seed=1234)
-    spec.poison(inputs)
-    spec.run(inputs, config)
-    err = spec.error(inputs.outputs, spec.reference(inputs))
-    p20, p50, p80 = triton.testing.do_bench(lambda: spec.run(inputs, config), quantiles=[0.2, 0.5, 0.8])
-    return err, p50, (p80 - p20) / p50 if p50 > 0 else 0.0
+    def __init__(self, **runner_options):
+        from .runner import Runner
+
+        self.runner = Runner(**runner_options)
+
+    def __call__(self, spec: KernelSpec, problem: Problem, config: dict) -> dict:
+        for _, res in self.runner.measure(spec, problem, [config]):
+            return res
+        return {"status": "crash", "reason": "the runner returned nothing"}
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def recheck(path: str | os.PathLike, doc: dict, measure: Measure) -> list[Finding]:
-    """Re-run each entry and its default: accuracy must still pass, and the entry must not be
-    slower than the default beyond both their noise bands."""
+    """Re-run each entry and the shipped default at the entry's point: the entry must still pass
+    the accuracy check, and must not be slower than the default beyond both their noise bands."""
     spec = get_spec(doc["kernel"])
     shape = spec.normalize_shape(doc["shape"])
     default = dict(spec.default)
     found = []
     for i, entry in enumerate(doc["entries"]):
         problem = entry_problem(spec, shape, entry)
-        err, t, s = measure(spec, problem, dict(entry["config"]))
-        if not (math.isfinite(err) and spec.passes(err)):
-            found.append(Finding(str(path), f"entries[{i}].config", f"fails the accuracy check now: "
-                                 f"error {err:.3g} (tolerance {spec.tolerance:g})"))
+        res = measure(spec, problem, dict(entry["config"]))
+        if res.get("status") != "ok":
+            err = res.get("error")
+            found.append(Finding(str(path), f"entries[{i}].config", f"{res.get('status')} on re-run"
+                                 + (f" (error {err:.3g})" if isinstance(err, float) else "")
+                                 + f": {res.get('reason') or ''}".rstrip(": ")))
             continue
         if dict(entry["config"]) == default:
             continue
-        _, td, sd = measure(spec, problem, default)
+        base = measure(spec, problem, default)
+        if base.get("status") != "ok":
+            continue  # nothing to compare against; the entry itself is fine
+        t, s = res["time_ms"], res.get("spread") or 0.0
+        td, sd = base["time_ms"], base.get("spread") or 0.0
         if t * (1 - s / 2) > td * (1 + sd / 2):
             found.append(Finding(str(path), f"entries[{i}].time_ms", f"slower than the default now: "
                                  f"{t:.4g} ms vs {td:.4g} ms (spreads {s:.1%}, {sd:.1%})"))
@@ -162,22 +173,27 @@ def verify(paths: Iterable[str | os.PathLike], *, schema_only: bool = True,
            measure: Measure | None = None) -> tuple[list[Path], list[Finding]]:
     """Check every table under ``paths``; re-run entries too unless ``schema_only``.
 
-    Re-running needs ``measure`` or a GPU of the table's arch; tables of other archs get a warning.
+    Re-running uses ``measure``, else the tuner's runner on this machine, for tables of this
+    machine's arch (the interpreter's on a CPU); tables of other archs get a warning.
     """
     files = table_files(paths)
     findings: list[Finding] = []
     here = device_info()
-    for f in files:
-        doc, found = check_file(f)
-        findings += found
-        if schema_only or doc is None or any(x.level == "error" for x in found):
-            continue
-        if measure is not None:
-            findings += recheck(f, doc, measure)
-        elif here.is_gpu and here.arch == doc["arch"]:
-            findings += recheck(f, doc, gpu_measure)
-        else:
-            findings.append(Finding(str(f), "(re-run)", f"not re-run: needs a {doc['arch']} GPU, this "
-                                    f"machine has {here.name} ({here.arch})", "warning"))
+    own: RunnerMeasure | None = None
+    try:
+        for f in files:
+            doc, found = check_file(f)
+            findings += found
+            if schema_only or doc is None or any(x.level == "error" for x in found):
+                continue
+            if measure is None and here.arch != doc["arch"]:
+                findings.append(Finding(str(f), "(re-run)", f"not re-run: needs a {doc['arch']} device, "
+                                        f"this machine has {here.name} ({here.arch})", "warning"))
+                continue
+            if measure is None:
+                own = own or RunnerMeasure()
+            findings += recheck(f, doc, measure or own)
+    finally:
+        if own is not None:
+            own.close()
     return files, findings
-
