@@ -180,8 +180,7 @@ def main() -> None:
     if args.worker:
         return worker(args)
     global DEADLINE
-    if args.budget:
-        DEADLINE = time.time() + args.budget
+    t_start = time.time()
     args.out.mkdir(parents=True, exist_ok=True)
     configs = json.loads(args.configs.read_text()) if args.configs else {op: hand_configs(op) for op in OPS}
     for op in OPS:
@@ -192,7 +191,10 @@ def main() -> None:
     print(f"compiled {len(status)} (op, config) pairs in {time.time() - t0:.0f}s; "
           f"{sum(v != 'ok' for v in status.values())} failed", flush=True)
     rows, log = [], open(args.out / "measurements.jsonl", "w")
-    for op, spec, prob in problems(args.routes):
+    todo = list(problems(args.routes))
+    for i, (op, spec, prob) in enumerate(todo):
+        if args.budget:  # each problem gets its share of what is left
+            DEADLINE = time.time() + (t_start + args.budget - time.time()) / (len(todo) - i)
         inputs = spec.make_inputs(prob, "cuda", seed=7)
         ref = spec.reference(inputs)
         flops = spec.flops(prob, inputs)
