@@ -1,0 +1,202 @@
+"""``moetune sweep``: tune kernel tiles at every density, live progress, summary at the end."""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from . import app
+from ._common import console, fail, split_list, user_errors
+
+STATUS_STYLE = {"ok": "green", "inaccurate": "yellow", "compile_error": "magenta", "crash": "red",
+                "timeout": "red", "invalid": "dim"}
+LIVE_POINTS = 12  # rows of the best-so-far table shown while sweeping
+
+
+SHORT_KEYS = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
+              "num_warps": "w", "num_stages": "s", "SPLIT_K": "SK", "ROWS_PER_PROGRAM": "R"}
+
+
+def _short(config: dict[str, Any] | None) -> str:
+    if config is None:
+        return ""
+    return " ".join(f"{SHORT_KEYS[k]}{v}" if k in SHORT_KEYS else f"{k}={v}" for k, v in config.items())
+
+
+def _point(p: Any) -> str:
+    text = f"t{p.tokens} r{p.routes}"
+    if p.active_fraction != 1:
+        text += f" a{p.active_fraction:g}"
+    return text if p.routing == "uniform" else f"{text} {p.routing}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+class Display:
+    """Rich progress bar (counts by status, ETA) above a best-so-far table per density."""
+
+    def __init__(self, interpreter: bool):
+        self.interpreter = interpreter
+        self.counts: collections.Counter = collections.Counter()
+        self.progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 TextColumn("{task.description}"), console=console)
+        self.task = self.progress.add_task("", total=None)
+        self.points: list[Any] = []
+        self.current: Any = None
+        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> Display:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.update(self._render())
+        self.live.__exit__(*exc)
+
+    def _table(self) -> Table:
+        t = Table(title="best so far", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("kernel", "point", "done", "best ms", "default ms", "speedup", "best config"):
+            t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
+        shown = [pt for pt in self.points if pt.counts or pt.already or pt is self.current][-LIVE_POINTS:]
+        for pt in shown:
+            t.add_row(pt.problem.kernel, _point(pt.problem), str(sum(pt.counts.values()) + pt.already),
+                      _ms(pt.best.time_ms if pt.best else None),
+                      _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                      f"{pt.speedup:.2f}x" if pt.speedup else "-",
+                      _short(pt.best.config if pt.best else None),
+                      style="bold" if pt is self.current else None)
+        return t
+
+    def _render(self) -> Group:
+        return Group(self.progress, self._table())
+
+    def on_event(self, kind: str, **data: Any) -> None:
+        if kind == "start":
+            self.points = data["points"]
+            self.progress.update(self.task, total=data["total"])
+        elif kind == "point":
+            self.current = data["point"]
+        elif kind == "result":
+            self.counts[data["obs"].status] += 1
+            text = " ".join(f"[{STATUS_STYLE[s]}]{s} {n}[/]" for s, n in sorted(self.counts.items()))
+            self.progress.update(self.task, advance=1, description=text)
+        self.live.update(self._render())
+
+
+def summary_table(points: list[Any], interpreter: bool) -> Table:
+    t = Table(title="sweep summary" + (" (interpreter: times are meaningless)" if interpreter else ""),
+              title_justify="left")
+    for col in ("kernel", "point", "cand", "pruned", "new", "ok", "rej", "fail", "best ms", "default ms",
+                "speedup", "best config"):
+        t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
+    for pt in points:
+        c = pt.counts
+        failed = c["compile_error"] + c["crash"] + c["timeout"] + c["invalid"]
+        t.add_row(pt.problem.kernel, _point(pt.problem), str(len(pt.candidates)), str(pt.pruned),
+                  str(sum(c.values())), str(c["ok"]), str(c["inaccurate"]), str(failed),
+                  _ms(pt.best.time_ms if pt.best else None),
+                  _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                  f"{pt.speedup:.2f}x" if pt.speedup else "-", _short(pt.best.config if pt.best else None))
+    return t
+
+
+@app.command()
+def sweep(
+    kernel: Annotated[str | None, typer.Option("--kernel", "-k", help="ops or families, comma separated "
+                      "(e.g. fp8_decode or fp4_prefill.gate_up); default: the model's weight format")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="model preset, e.g. deepseek-v3")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree (divides the intermediate size)")] = 1,
+    ep: Annotated[int, typer.Option(help="expert-parallel degree (divides the experts)")] = 1,
+    shape: Annotated[str | None, typer.Option(help="per-rank shape, e.g. E=8,N=256,K=512,top_k=2")] = None,
+    tokens: Annotated[str | None, typer.Option(help="token counts (decode default 1..256)")] = None,
+    routes: Annotated[str | None, typer.Option(help="route counts, e.g. 768,6144 (prefill default)")] = None,
+    active: Annotated[str | None, typer.Option(help="active fractions of the top-k slots "
+                                                    "(decode default 1,0.5,0.25)")] = None,
+    routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file.npy|.pt>; comma separated "
+                                              "for several")] = "uniform",
+    strategy: Annotated[str, typer.Option(help="search strategy: exhaustive or random")] = "exhaustive",
+    budget: Annotated[int | None, typer.Option(help="most measurements per point")] = None,
+    seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
+    db: Annotated[Path, typer.Option(help="results database")] = Path("results/moetune.sqlite"),
+    timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,
+    jobs: Annotated[int | None, typer.Option(help="compile processes (default: every core on a GPU, none on "
+                                                  "the interpreter)")] = None,
+    quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
+) -> None:
+    """Measure candidate tile configs (default first) at every density; every result goes to --db."""
+    from ..device import device_info
+    from ..problems import build_plan
+    from ..runner import Runner
+    from ..store import Store
+    from ..sweep import Sweep
+
+    with user_errors():
+        device = device_info()
+        plan = build_plan(split_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
+                          tokens=split_list(tokens, int), routes=split_list(routes, int),
+                          active=split_list(active, float), routing=split_list(routing), device=device)
+        runner = Runner(timeout=timeout, jobs=jobs)
+        store = Store(db)
+        try:
+            sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed)
+            points = sw.plan(plan.problems, device)
+        except ValueError:
+            store.close()
+            runner.close()
+            raise
+    interpreter = not device.is_gpu
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if interpreter:
+        console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter; accuracy checks "
+                      "are real, times are meaningless")
+    pruned = sum(pt.pruned for pt in points)
+    console.print(f"{len(points)} point(s), {sum(len(pt.candidates) for pt in points)} candidates after "
+                  f"constraints ({pruned} pruned), strategy {strategy}, store {db}")
+    display = None if quiet else Display(interpreter)
+    sw.on_event = display.on_event if display else sw.on_event
+    interrupted = False
+    try:
+        if display:
+            display.__enter__()
+        try:
+            runner.start()
+            sw.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        except RuntimeError as e:  # a worker that cannot start at all (broken install, no GPU memory)
+            fail(str(e))
+        finally:
+            if display:
+                display.__exit__(None, None, None)
+                console.print()
+    finally:
+        runner.close()
+        store.close()
+    console.print(summary_table(points, interpreter))
+    written = sum(sum(pt.counts.values()) for pt in points)
+    extra = ""
+    if sw.overhead_ms:
+        extra = f"; tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)"
+    console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id}){extra}")
+    if interrupted:
+        console.print("[yellow]interrupted:[/] everything measured so far is kept; rerun to resume")
+        raise typer.Exit(130)
