@@ -28,6 +28,7 @@ COPY_BW = 4.27e12  # bytes/s, measured device-to-device copy on this H200
 BF16_RATE = 700e12  # flop/s, measured bf16 matmul
 FP8_RATE = 1265e12  # flop/s, measured fp8 _scaled_mm
 OPS = ("gate_up", "down")
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 DEADLINE = float("inf")  # wall clock after which no new config is timed (--budget)
 
 
@@ -59,11 +60,11 @@ def hand_configs(op: str) -> list[dict]:
     return out
 
 
-def problems(routes_list: list[int]):
-    model = get_model("deepseek-v4-flash")
+def problems(routes_list: list[int], model: str = "deepseek-v4-flash", tp: int = 2):
+    preset = get_model(model)
     for op in OPS:
         spec = get_spec(f"fp4_prefill.{op}")
-        shape = spec.shape_from_model(model, tp=2)
+        shape = spec.shape_from_model(preset, tp=tp)
         for routes in routes_list:
             yield op, spec, spec.problem(shape, tokens=routes // shape["top_k"])
 
@@ -72,22 +73,21 @@ def worker(args) -> None:
     """Compile and run each config once per problem; report which ran."""
     todo = json.loads(Path(args.worker).read_text())
     status = {}
-    for op, spec, prob in problems(args.routes):
+    for op, spec, prob in problems(args.routes, args.model, args.tp):
         inputs = None
         for cfg in todo.get(op, []):
             key = f"{op}|{canonical_json(cfg)}"
             if status.get(key, "ok") != "ok" or spec.constraint(cfg, prob, _device()):
                 continue
-            inputs = inputs or spec.make_inputs(prob, "cuda", seed=1)
+            inputs = inputs or spec.make_inputs(prob, DEVICE, seed=1)
             try:
                 spec.run(inputs, cfg)
-                torch.cuda.synchronize()
+                sync()
                 status[key] = "ok"
             except Exception as e:  # compile errors are results here
                 status[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             Path(args.worker + ".out").write_text(json.dumps(status))
         del inputs
-        torch.cuda.empty_cache()
     Path(args.worker + ".out").write_text(json.dumps(status))
 
 
@@ -97,7 +97,8 @@ def _device():
     return device_info()
 
 
-def compile_all(configs: dict[str, list[dict]], routes: list[int], out: Path, jobs: int) -> dict[str, str]:
+def compile_all(configs: dict[str, list[dict]], args) -> dict[str, str]:
+    out, jobs = args.out, args.jobs
     chunks = [{op: [] for op in OPS} for _ in range(jobs)]
     i = 0
     for op in OPS:
@@ -108,7 +109,8 @@ def compile_all(configs: dict[str, list[dict]], routes: list[int], out: Path, jo
     for j, chunk in enumerate(chunks):
         f = out / f"worker{j}.json"
         f.write_text(json.dumps(chunk))
-        cmd = [sys.executable, __file__, "--worker", str(f), "--routes", ",".join(map(str, routes))]
+        cmd = [sys.executable, __file__, "--worker", str(f), "--routes", ",".join(map(str, args.routes)),
+               "--model", args.model, "--tp", str(args.tp)]
         err = open(f"{f}.err", "w")
         procs.append((subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err), f, chunk))
     status = {}
@@ -123,16 +125,27 @@ def compile_all(configs: dict[str, list[dict]], routes: list[int], out: Path, jo
     return status
 
 
+def sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def time_ms(fn, reps: int = 30) -> tuple[float, float]:
+    """Median and min over device events (wall clock on the CPU interpreter)."""
     fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    sync()
     est = time.perf_counter() - t0
     reps = int(min(reps, max(5, 0.1 / max(est, 1e-6))))
     times = []
     for _ in range(reps):
+        if DEVICE != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -175,6 +188,8 @@ def main() -> None:
     ap.add_argument("--configs", type=Path, help="JSON {op: [configs]} instead of the hand sweep")
     ap.add_argument("--jobs", type=int, default=min(14, os.cpu_count() or 1))
     ap.add_argument("--budget", type=float, default=0, help="seconds; stop timing new configs after this")
+    ap.add_argument("--model", default="deepseek-v4-flash")
+    ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -187,15 +202,15 @@ def main() -> None:
         default = dict(get_spec(f"fp4_prefill.{op}").default)
         configs[op] = [default] + [c for c in configs[op] if canonical_json(c) != canonical_json(default)]
     t0 = time.time()
-    status = compile_all(configs, args.routes, args.out, args.jobs)
+    status = compile_all(configs, args)
     print(f"compiled {len(status)} (op, config) pairs in {time.time() - t0:.0f}s; "
           f"{sum(v != 'ok' for v in status.values())} failed", flush=True)
     rows, log = [], open(args.out / "measurements.jsonl", "w")
-    todo = list(problems(args.routes))
+    todo = list(problems(args.routes, args.model, args.tp))
     for i, (op, spec, prob) in enumerate(todo):
         if args.budget:  # each problem gets its share of what is left
             DEADLINE = time.time() + (t_start + args.budget - time.time()) / (len(todo) - i)
-        inputs = spec.make_inputs(prob, "cuda", seed=7)
+        inputs = spec.make_inputs(prob, DEVICE, seed=7)
         ref = spec.reference(inputs)
         flops = spec.flops(prob, inputs)
         s = prob.shape
@@ -204,28 +219,27 @@ def main() -> None:
         shipped = canonical_json(configs[op][0])
         static = next((r for r in results if canonical_json(r["config"]) == shipped), None)
         best = min(results, key=lambda r: r["ms"]) if results else None
-        rows.append((op, prob.routes, static, best, floor_ms, len(results)))
+        rows.append((op, prob.routes, prob.density, static, best, floor_ms, len(results)))
         print(f"{op} routes={prob.routes}: {len(results)} timed; best {best and best['ms']:.3f} ms "
               f"{best and canonical_json(best['config'])}", flush=True)
         del inputs, ref
-        torch.cuda.empty_cache()
     lines = ["| GEMM | routes | rows/expert | static ms | best ms | speedup | best TFLOP/s | % bf16 | % fp8 "
              "| floor ms | best / floor | configs timed | best config |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for op, routes, static, best, floor_ms, n in rows:
+    for op, routes, density, static, best, floor_ms, n in rows:
         if not best:
             lines.append(f"| {op} | {routes} | | | | | | | | {floor_ms:.3f} | | 0 | |")
             continue
         st = static["ms"] if static else float("nan")
         tf = best["tflops"]
         cfg = " ".join(f"{k}={v}" for k, v in best["config"].items())
-        lines.append(f"| {op} | {routes} | {routes / 256:g} | {st:.3f} | {best['ms']:.3f} "
+        lines.append(f"| {op} | {routes} | {density:g} | {st:.3f} | {best['ms']:.3f} "
                      f"| {st / best['ms']:.2f}x | {tf:.0f} | {tf / BF16_RATE * 1e14:.0f}% "
                      f"| {tf / FP8_RATE * 1e14:.0f}% | {floor_ms:.3f} | {best['ms'] / floor_ms:.2f}x "
                      f"| {n} | {cfg} |")
     table = "\n".join(lines)
     (args.out / "table.md").write_text(table + "\n")
-    best_cfgs = {f"{op}|{routes}": best["config"] for op, routes, _, best, _, _ in rows if best}
+    best_cfgs = {f"{r[0]}|{r[1]}": r[4]["config"] for r in rows if r[4]}
     (args.out / "best.json").write_text(json.dumps(best_cfgs, indent=1))
     print(table)
 
