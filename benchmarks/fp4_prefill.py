@@ -16,6 +16,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -98,7 +99,7 @@ def _device():
 
 
 def compile_all(configs: dict[str, list[dict]], args) -> dict[str, str]:
-    out, jobs = args.out, args.jobs
+    out, jobs = Path(tempfile.mkdtemp(prefix="fp4_bench_")), args.jobs
     chunks = [{op: [] for op in OPS} for _ in range(jobs)]
     i = 0
     for op in OPS:
@@ -122,6 +123,9 @@ def compile_all(configs: dict[str, list[dict]], args) -> dict[str, str]:
             for op in OPS:  # a crashed worker: whatever it had not reported counts as crashed
                 for cfg in chunk[op]:
                     status.setdefault(f"{op}|{canonical_json(cfg)}", f"crash (worker rc {p.returncode})")
+    errs = "".join(f"== {f}\n" + Path(f"{f}.err").read_text()[-3000:] for _, f, _ in procs)
+    (args.out / "worker_stderr.txt").write_text(errs)
+    (args.out / "compile_status.json").write_text(json.dumps(status, indent=0))
     return status
 
 
