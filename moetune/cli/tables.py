@@ -12,11 +12,16 @@ from rich.table import Table
 from . import app
 from ._common import console, err_console, fail, split_list, user_errors
 
+_SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
+          "num_warps": "w", "num_stages": "s"}
+
 
 def _fmt_config(config: dict) -> str:
-    short = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-             "num_warps": "w", "num_stages": "s"}
-    return " ".join(f"{short.get(k, k)}{v}" if k in short else f"{k}={v}" for k, v in sorted(config.items()))
+    """Tile sizes first (BM BN BK GM), other keys as key=value, then warps and stages."""
+    order = list(_SHORT)
+    keys = sorted(config, key=lambda k: (order.index(k) if k in order[:4] else 4 if k not in order
+                                         else order.index(k) + 1, k))
+    return " ".join(f"{_SHORT[k]}{config[k]}" if k in _SHORT else f"{k}={config[k]}" for k in keys)
 
 
 def _num(x, fmt: str) -> str:

@@ -1,0 +1,124 @@
+"""The export, show, pick and verify commands through typer's test runner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, table
+from typer.testing import CliRunner
+
+from moetune import picker
+from moetune.cli import app
+from moetune.store import Store
+
+SHAPE_ARG = "E=8,N=64,K=128,top_k=2"
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path):
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.setenv(picker.ENV_VAR, str(tmp_path / "configs"))
+    monkeypatch.setattr(picker, "packaged_dirs", lambda: ())
+    picker.clear_cache()
+    runner = CliRunner()
+    yield lambda *args: runner.invoke(app, [str(a) for a in args])
+    picker.clear_cache()
+
+
+def test_export_show_pick_verify(cli, tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    with Store(db) as s:
+        for tokens, best in ((1, cfg(16)), (16, cfg(64, 128, 8))):
+            s.add(row(SPEC.default, 2.0, tokens=tokens))
+            s.add(row(best, 1.0, tokens=tokens))
+    res = cli("export", "--db", db, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert "2 added" in res.output and "nvidia_toy_9000" in res.output
+
+    res = cli("show", out / "sm_90" / KERNEL / "E8_N64_K128_topk2_bfloat16.json")
+    assert res.exit_code == 0, res.output
+    assert "BM16 BK128 w4" in res.output and "2.00x" in res.output and "0.25" in res.output
+
+    res = cli("show", "--kernel", KERNEL, "--arch", "sm_90")
+    assert res.exit_code == 0
+    assert f"bfloat16 on {DEVICE}" in res.output and "bfloat16 on arch sm_90" in res.output
+
+    res = cli("pick", "--kernel", KERNEL, "--shape", SHAPE_ARG, "--routes", 2, "--device", DEVICE, "--json")
+    assert res.exit_code == 0, res.output
+    answer = json.loads(res.output)
+    assert (answer["config"], answer["source"], answer["table_density"]) == (cfg(16), "device", 0.25)
+
+    res = cli("pick", "--kernel", KERNEL, "--shape", SHAPE_ARG, "--routes", 64, "--arch", "sm_90")
+    assert res.exit_code == 0 and "source: arch" in res.output and '"BLOCK_SIZE_M": 64' in res.output
+
+    res = cli("verify", out, "--schema-only")
+    assert res.exit_code == 0 and "2 table file(s) checked, 2 ok" in res.output
+
+
+def test_export_reports_bad_rows_and_exits_non_zero(cli, tmp_path):
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(row(SPEC.default, 2.0))
+        bad = s.add(row(cfg(16), 1.0, device="x/../../y"))
+    res = cli("export", "--db", db, "--out", tmp_path / "configs")
+    assert res.exit_code == 1
+    assert f"row {bad}: field device_name" in res.output
+
+
+def test_export_bad_arguments_are_one_line_errors(cli, tmp_path):
+    res = cli("export", "--db", tmp_path / "none.sqlite")
+    assert res.exit_code == 2 and "no results database" in res.output
+    (tmp_path / "junk.sqlite").write_text("not a database")
+    res = cli("export", "--db", tmp_path / "junk.sqlite", "--kernel", KERNEL)
+    assert res.exit_code == 2 and "not a moetune results database" in res.output
+
+
+def test_pick_without_tables_says_heuristic(cli):
+    res = cli("pick", "--kernel", KERNEL, "--shape", SHAPE_ARG, "--routes", 16, "--arch", "sm_89")
+    assert res.exit_code == 0, res.output
+    assert "source: heuristic" in res.output
+    assert json.dumps(SPEC.heuristic(SHAPE, 16, "sm_89"), sort_keys=True) in res.output
+
+
+def test_pick_from_a_model_preset(cli):
+    res = cli("pick", "--kernel", "gather_rows", "--model", "tiny", "--routes", 4, "--json")
+    assert res.exit_code == 0, res.output
+    answer = json.loads(res.output)
+    assert answer["shape"]["E"] == 8 and answer["source"] == "heuristic"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", "nope.kernel", "--shape", SHAPE_ARG, "--routes", "4"], "unknown kernel"),
+    (["--kernel", KERNEL, "--routes", "4"], "exactly one of --model or --shape"),
+    (["--kernel", KERNEL, "--shape", "E=8,N=64", "--routes", "4"], "needs 'K'"),
+    (["--kernel", KERNEL, "--shape", SHAPE_ARG, "--routes", "-3"], "--routes"),
+    (["--kernel", "gather_rows", "--model", "nope", "--routes", "4"], "unknown model"),
+])
+def test_pick_bad_input(cli, args, message):
+    res = cli("pick", *args)
+    assert res.exit_code == 2 and message in res.output
+
+
+def test_verify_names_file_and_field_and_fails(cli, tmp_path):
+    root = tmp_path / "configs"
+    put(root, table([entry(0.5, cfg(16))]))
+    bad = put(root, table([entry(0.5, cfg(16))], device=None))
+    bad.write_text(bad.read_text().replace('"time_ms": 1.0', '"time_ms": -1.0'))
+    res = cli("verify", root, "--schema-only")
+    assert res.exit_code == 1
+    assert f"{bad}: entries[0].time_ms" in res.output and "1 ok, 1 error(s)" in res.output
+
+
+def test_verify_an_empty_tree_passes(cli, tmp_path):
+    (tmp_path / "configs").mkdir()
+    res = cli("verify", tmp_path / "configs", "--schema-only")
+    assert res.exit_code == 0 and "0 table file(s) checked" in res.output
+    res = cli("verify", tmp_path / "missing")
+    assert res.exit_code == 2 and "no table file or directory" in res.output
+
+
+def test_show_needs_something_to_show(cli, tmp_path):
+    assert cli("show").exit_code == 2
+    res = cli("show", "--kernel", KERNEL)
+    assert res.exit_code == 2 and "no tables found" in res.output
