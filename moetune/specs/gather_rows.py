@@ -96,10 +96,12 @@ class GatherRowsSpec(KernelSpec):
             return why
         k, bk, rows, warps = problem.shape["K"], config["BLOCK_SIZE_K"], config["ROWS_PER_PROGRAM"], \
             config["num_warps"]
-        if bk > min(SPACE["BLOCK_SIZE_K"]) and bk // 2 >= k:
-            return f"BLOCK_SIZE_K {bk} is over twice K {k}: a half-width tile covers the row"
         if -(-k // bk) > MAX_K_TILES:
             return f"BLOCK_SIZE_K {bk} gives more than {MAX_K_TILES} K tiles"
+        if check_config(config) == DEFAULT:
+            return None  # the baseline runs everywhere; the rules below only skip wasteful tiles
+        if bk > min(SPACE["BLOCK_SIZE_K"]) and bk // 2 >= k:
+            return f"BLOCK_SIZE_K {bk} is over twice K {k}: a half-width tile covers the row"
         if rows > 1 and rows // 2 >= max(problem.routes, 1):
             return f"ROWS_PER_PROGRAM {rows} is over twice the {problem.routes} rows"
         tile = rows * min(bk, 1 << max(k - 1, 0).bit_length())
