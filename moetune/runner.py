@@ -271,8 +271,9 @@ class Runner:
         for key, config in by_key.items():
             res = compiled.get(key)
             if res is not None and res["status"] != "ok":
-                res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
-                yield config, res
+                if admit is None or admit(config):
+                    res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
+                    yield config, res
             else:
                 todo.append((key, self._task("measure", spec, problem, config, seed)))
         check = None if admit is None else (lambda key: admit(by_key[key]))

@@ -11,7 +11,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import os
+import socket
 import sqlite3
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,9 @@ _DDL = (
     + ", ".join(f"{c} {t}" for c, t in COLUMNS) + ")",
     "CREATE INDEX IF NOT EXISTS measurements_point ON measurements "
     "(kernel, device_name, shape, tokens, routes, routing)",
+    # Candidates a live sweep is measuring right now, so a second sweep on the same file skips them.
+    "CREATE TABLE IF NOT EXISTS claims (point TEXT, config TEXT, host TEXT, pid INTEGER, expires REAL, "
+    "PRIMARY KEY (point, config))",
 )
 BUSY_TIMEOUT_S = 60.0
 
@@ -59,6 +65,16 @@ def _as_text(value: Any) -> Any:
     if isinstance(value, str):
         return canonical_json(json.loads(value))  # re-canonicalise hand-written JSON
     return value
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Store:
@@ -193,6 +209,38 @@ class Store:
     def count(self, **equal_filters: Any) -> int:
         where, params = self._where(equal_filters)
         return int(self._conn.execute(f"SELECT COUNT(*) FROM measurements{where}", params).fetchone()[0])
+
+    # ---- claims: two sweeps on one file do not measure the same candidate twice -------------------------
+    @staticmethod
+    def _point(key: Mapping[str, Any]) -> str:
+        return canonical_json({k: _as_text(v) if k in _JSON_COLUMNS else v for k, v in key.items()})
+
+    def claim(self, point: Mapping[str, Any], config: Any, ttl: float) -> bool:
+        """Reserve ``config`` at ``point`` (the :data:`POINT_COLUMNS` values) for ``ttl`` seconds.
+
+        False when it is already stored, or claimed by another live sweep. A claim of a
+        process that died (same host) or that expired is taken over.
+        """
+        pkey, ckey, host, now = self._point(point), _as_text(config), socket.gethostname(), time.time()
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            where, params = self._where({**point, "config": ckey})
+            if self._conn.execute(f"SELECT 1 FROM measurements{where} LIMIT 1", params).fetchone():
+                return False
+            held = self._conn.execute("SELECT host, pid, expires FROM claims WHERE point = ? AND config = ?",
+                                      (pkey, ckey)).fetchone()
+            if held and (held[0], held[1]) != (host, os.getpid()) and held[2] > now \
+                    and (held[0] != host or _alive(held[1])):
+                return False
+            self._conn.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
+                               (pkey, ckey, host, os.getpid(), now + ttl))
+            return True
+        finally:
+            self._conn.execute("COMMIT")
+
+    def release(self, point: Mapping[str, Any], config: Any) -> None:
+        self._conn.execute("DELETE FROM claims WHERE point = ? AND config = ?",
+                           (self._point(point), _as_text(config)))
 
     def measured_configs(self, kernel: str, device_name: str, shape: Any, tokens: int, routes: int,
                          active_fraction: float, routing: str) -> set[str]:

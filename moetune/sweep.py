@@ -150,17 +150,20 @@ class Sweep:
         return [pt.best.config for pt in near]
 
     def _measure(self, pt: Point, configs: Sequence[Config]) -> list[Observation]:
-        """Measure and store each config (skipping ones another sweep stored meanwhile)."""
+        """Measure and store each config, skipping ones another sweep on the same store has
+        measured or is measuring (claims expire, so a killed sweep's candidates come back)."""
         key = self._key(pt.problem)
+        ttl = 3 * self.runner.timeout + 60
 
         def admit(config: Config) -> bool:
-            return canonical_json(config) not in self.store.measured_configs(**key)
+            return self.store.claim(key, config, ttl)
 
         out = []
         for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit):
             t0 = time.monotonic()
             row = self._row(pt, config, res)
             self.store.add(row)
+            self.store.release(key, config)
             obs = Observation.from_row(row)
             pt.counts[obs.status] += 1
             pt.note(obs)

@@ -30,7 +30,7 @@ class TimingOptions:
     max_runs: int = 100
     warmup: int = 2
     graph_runs: int = 10  # runs captured per CUDA graph; a sample is one replay / graph_runs
-    wall_runs: int = 2  # interpreter: samples taken with the wall clock
+    wall_runs: int = 1  # interpreter: samples taken with the wall clock
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
