@@ -111,12 +111,14 @@ def test_out_is_written_in_place_and_may_be_strided(device):
     assert not s_buf[:, 0].any() and not s_buf[:, 8].any()
 
 
-def test_strided_q_and_scales(device):
+def test_strided_q_scales_and_map(device):
     base_q, base_s = make(8, 1200, torch.int8, device=device)
     q = base_q[1::2, 100:100 + 1000]  # row stride 2400, unit inner stride
     scales = base_s[1::2, :8]
     idx = torch.tensor([3, 0, 2, 2], device=device)
     assert_gathered(gather_rows_with_scales(q, scales, idx, config=FAST), q, scales, idx)
+    strided_idx = torch.tensor([3, 9, 0, 9, 2, 9, 2], device=device)[::2]
+    assert_gathered(gather_rows_with_scales(q, scales, strided_idx, config=FAST), q, scales, strided_idx)
     qt = base_q[:4, ::2][:, :384]  # inner stride 2 also works, through the strides
     assert_gathered(gather_rows_with_scales(qt, base_s[:4, :3], idx, config=FAST), qt, base_s[:4, :3], idx)
 

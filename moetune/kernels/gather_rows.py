@@ -29,7 +29,7 @@ from ..specs.gather_rows import MAX_K_TILES, check_config, group_count
 @triton.jit(do_not_specialize=["R"])
 def _gather_rows_kernel(
     q_ptr, s_ptr, idx_ptr, qo_ptr, so_ptr,
-    R, K, G,
+    R, K, G, stride_idx,
     stride_qm, stride_qk, stride_sm, stride_sg,
     stride_om, stride_ok, stride_osm, stride_osg,
     BLOCK_SIZE_K: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -39,7 +39,7 @@ def _gather_rows_kernel(
     rows = pid_r * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     row_ok = rows < R
     # int64 row bases: rows * K overflows int32 at shapes this serves.
-    src = tl.load(idx_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    src = tl.load(idx_ptr + rows * stride_idx, mask=row_ok, other=0).to(tl.int64)
     dst = rows.to(tl.int64)
     cols = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
     mask = row_ok[:, None] & (cols < K)[None, :]
@@ -115,7 +115,7 @@ def gather_rows_with_scales(
     Args:
         q: ``[M, K]`` quantized rows, any 1-byte dtype; any strides.
         scales: ``[M, ceil(K/128)]`` float32 group scales.
-        dst2src: ``[R]`` int32/int64 source row of each output row; entries must lie in
+        dst2src: ``[R]`` int32/int64 (any stride) source row of each output row; entries must lie in
             ``[0, M)`` (the caller's contract, see the module docstring).
         config: ``BLOCK_SIZE_K``, ``ROWS_PER_PROGRAM``, ``num_warps``; None asks the tile
             picker (tuned table, else the spec's heuristic).
@@ -154,7 +154,7 @@ def gather_rows_with_scales(
     grid = (triton.cdiv(rows, rpp), k_tiles)
     _gather_rows_kernel[grid](
         qb, sb, dst2src, qob, sob,
-        rows, k, g,
+        rows, k, g, dst2src.stride(0),
         qb.stride(0), qb.stride(1), sb.stride(0), sb.stride(1),
         qob.stride(0), qob.stride(1), sob.stride(0), sob.stride(1),
         BLOCK_SIZE_K=bk, ROWS_PER_PROGRAM=rpp, BLOCK_G=triton.next_power_of_2(g),
