@@ -7,10 +7,14 @@
 from __future__ import annotations
 
 from .base import Observation, SearchContext, Strategy
+from .coordinate import CoordinateDescent
 from .exhaustive import Exhaustive
+from .model import ModelGuided
 from .random import RandomSearch
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Exhaustive, RandomSearch)}
+STRATEGIES: dict[str, type[Strategy]] = {
+    s.name: s for s in (Exhaustive, RandomSearch, CoordinateDescent, ModelGuided)
+}
 DEFAULT_STRATEGY = "exhaustive"
 
 

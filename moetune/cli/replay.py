@@ -1,0 +1,91 @@
+"""``moetune replay``: score search strategies against stored exhaustive results, on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from . import app
+from ._common import console, split_list, user_errors
+
+
+def _table(title: str, frame, columns: dict[str, str]) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in columns.values():
+        t.add_column(col, justify="left" if col in ("strategy", "budget", "point") else "right")
+    for row in frame.to_dict("records"):
+        t.add_row(*(_cell(row[k]) for k in columns))
+    return t
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown(summary, points, command: str) -> str:
+    """The tables as Markdown, the command that made them first."""
+    def md(frame) -> str:
+        cols = list(frame.columns)
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in frame.to_dict("records")]
+        return "\n".join(lines)
+
+    return f"`{command}`\n\n{md(summary)}\n\nPer point:\n\n{md(points)}\n"
+
+
+SUMMARY_COLUMNS = {"strategy": "strategy", "budget": "budget", "measurements": "measured",
+                   "share": "of exhaustive", "quality": "quality (geomean)", "worst_point": "worst point",
+                   "within_5pct": "within 5%", "found": "found best"}
+POINT_COLUMNS = {"strategy": "strategy", "budget": "budget", "point": "point", "exhaustive": "exhaustive",
+                 "measurements": "measured", "quality": "quality", "worst": "worst seed",
+                 "found": "found best"}
+
+
+@app.command()
+def replay(
+    data: Annotated[Path, typer.Option(help="exhaustive results: a store (.sqlite) or an export "
+                                            "(.csv, .csv.gz, .parquet)")],
+    strategy: Annotated[str, typer.Option(help="strategies, comma separated")] = "model,coordinate,random",
+    budget: Annotated[str, typer.Option(help="measurements per point, comma separated; N or P% of the "
+                                             "point's exhaustive count")] = "5%,10%",
+    seeds: Annotated[int, typer.Option(help="seeds per (strategy, budget, point)")] = 20,
+    kernel: Annotated[str | None, typer.Option("--kernel", "-k", help="ops or families, comma separated")] \
+        = None,
+    batch: Annotated[int, typer.Option(help="candidates proposed per batch (GPUs measuring at once)")] = 1,
+    noise: Annotated[float, typer.Option(help="scale of the recorded noise drawn per measurement")] = 1.0,
+    per_point: Annotated[bool, typer.Option(help="also print the per-point table")] = True,
+    csv: Annotated[Path | None, typer.Option(help="write every run (one row per seed) here as CSV")] = None,
+    markdown_out: Annotated[Path | None, typer.Option("--markdown", help="write the tables here as "
+                                                                         "Markdown")] = None,
+) -> None:
+    """Replay strategies on stored exhaustive sweeps: quality of the config found vs measurements made.
+
+    Quality = recorded time of the declared winner / recorded exhaustive best (1.000 = found it).
+    """
+    import shlex
+    import sys
+
+    from .. import replay as rp
+
+    with user_errors():
+        if noise < 0:
+            raise ValueError(f"--noise must be >= 0, got {noise}")
+        budgets = rp.parse_budgets(budget)
+        points = rp.load_points(data, split_list(kernel))
+        runs = rp.replay(points, split_list(strategy), budgets, seeds, batch, noise)
+    summ, pp = rp.summary(runs), rp.per_point(runs)
+    if per_point:
+        console.print(_table("per point (quality over seeds)", pp, POINT_COLUMNS))
+    console.print(_table(f"replay: {len(points)} point(s), {seeds} seed(s), batch {batch}", summ,
+                         SUMMARY_COLUMNS))
+    if csv:
+        runs.to_csv(csv, index=False)
+    if markdown_out:
+        command = "moetune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        markdown_out.write_text(markdown(summ.rename(columns=SUMMARY_COLUMNS),
+                                         pp.rename(columns=POINT_COLUMNS), command))

@@ -1,0 +1,134 @@
+"""Shared machinery of the budgeted, adaptive strategies: budget, local moves, the final re-measurement.
+
+Budget. ``ctx.budget`` counts every measurement at the point (the stored default
+included). With no budget an adaptive strategy takes a tenth of the candidates
+(at least ``MIN_BUDGET``) instead of walking the whole space.
+
+Final re-measurement. A single noisy measurement flatters a lucky candidate, so
+before declaring a winner the top ``FINALISTS`` ok candidates are measured again,
+interleaved (A B C A B C) so drift hits them alike; the winner has the lowest
+mean time over all of its measurements. Those measurements come out of the
+budget (reserved up front), but they are *re*-measurements of stored configs,
+so they are never proposed through :meth:`propose` (which must only return
+unmeasured candidates, the resume rule). A driver runs the protocol after
+``propose`` has returned ``[]``::
+
+    configs = strategy.remeasure()           # may be []; same config several times, interleaved
+    strategy.observe_remeasured(results)     # Observations in the same order
+    winner = strategy.winner()
+
+Replay runs it. A live sweep stores those rows with strategy tag ``"remeasure"``:
+resume skips by config, and a config that already has a row is not a new candidate,
+so "nothing measured twice" still holds for candidates; the extra rows only refine
+times. A driver that skips the protocol simply gets :meth:`winner` = best measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..spec import Config, canonical_json
+from .base import Observation, SearchContext, Strategy
+from .features import Space
+
+MIN_BUDGET = 30
+DEFAULT_FRACTION = 0.1
+FINALISTS = 3
+FINAL_SHARE = 0.08  # of the budget, at most, for the re-measurement (whole rounds of FINALISTS)
+MAX_ROUNDS = 2
+
+
+class AdaptiveStrategy(Strategy):
+    """Base of strategies that choose each batch from what they measured so far."""
+
+    def start(self, ctx: SearchContext) -> None:
+        super().start(ctx)
+        self.space = Space(ctx.candidates)
+        n = len(ctx.candidates)
+        total = ctx.budget if ctx.budget is not None else max(MIN_BUDGET, math.ceil(DEFAULT_FRACTION * n))
+        self.total = min(total, n + 1)
+        rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
+        self.rounds = rounds
+        self.reserve = rounds * FINALISTS
+        self.finals: list[Observation] = []
+        self._expanded: set[int] = set()
+
+    # ---- budget ---------------------------------------------------------------------------------
+    def budget_left(self) -> int:
+        return max(0, self.total - self.reserve - len(self._seen))
+
+    def search_budget(self) -> int:
+        """Measurements the search itself may make at this point (before the re-measurement)."""
+        return max(1, self.total - self.reserve)
+
+    # ---- what is known ----------------------------------------------------------------------------
+    def times(self) -> dict[int, float]:
+        """Candidate index -> measured time of every ok candidate in this point's list."""
+        out: dict[int, float] = {}
+        for o in self.history:
+            i = self.space.index.get(o.key)
+            if i is not None and o.ok:
+                out[i] = o.time_ms
+        return out
+
+    def unmeasured(self, idx: Sequence[int]) -> list[int]:
+        return [i for i in idx if self.space.keys[i] not in self._seen]
+
+    def take(self, idx: Sequence[int], n: int) -> list[Config]:
+        return self.fresh([self.space.candidates[i] for i in idx], n)
+
+    def local_moves(self) -> list[int]:
+        """Best-first local search: the unmeasured one-step neighbours of the fastest ok candidate
+        whose neighbourhood is not yet fully measured."""
+        for i, _ in sorted(self.times().items(), key=lambda kv: kv[1]):
+            if i in self._expanded:
+                continue
+            todo = self.unmeasured(self.space.neighbours(i))
+            if todo:
+                return todo
+            self._expanded.add(i)
+        return []
+
+    # ---- final re-measurement ----------------------------------------------------------------------
+    def remeasure(self) -> list[Config]:
+        """The top candidates, interleaved, for a final re-measurement within the reserved budget."""
+        if not self.rounds:
+            return []
+        spare = self.total - len(self._seen)
+        top = sorted(self.times().items(), key=lambda kv: kv[1])[:FINALISTS]
+        if len(top) < 2:
+            return []
+        rounds = min(self.rounds, spare // len(top))
+        return [self.space.candidates[i] for _ in range(rounds) for i, _ in top]
+
+    def observe_remeasured(self, results: Sequence[Observation]) -> None:
+        self.finals.extend(results)
+
+    def winner(self) -> Observation | None:
+        """The lowest mean time over every measurement of a finalist (the best one without finals)."""
+        if not self.finals:
+            return self.best()
+        pooled: dict[str, list[float]] = {}
+        for o in self.finals:
+            if o.ok:
+                pooled.setdefault(o.key, []).append(o.time_ms)
+        for o in self.history:
+            if o.ok and o.key in pooled:
+                pooled[o.key].append(o.time_ms)
+        if not pooled:
+            return self.best()
+        key = min(pooled, key=lambda k: sum(pooled[k]) / len(pooled[k]))
+        first = next(o for o in self.history if o.key == key)
+        return Observation(first.config, "ok", sum(pooled[key]) / len(pooled[key]), first.spread, first.error)
+
+
+def hint_indices(strategy: AdaptiveStrategy) -> list[int]:
+    """Hints (best configs of neighbouring densities) that are candidates here, in order."""
+    assert strategy.ctx is not None
+    out = []
+    for h in strategy.ctx.hints:
+        i = strategy.space.index.get(canonical_json(h))
+        if i is not None and i not in out:
+            out.append(i)
+    return out
