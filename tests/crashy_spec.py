@@ -94,3 +94,14 @@ class CrashySpec(KernelSpec):
 
 
 SPEC = register(CrashySpec())
+
+
+class SteadySpec(CrashySpec):
+    """Only good configs: for resume and concurrency tests, where every candidate must land once."""
+
+    name = "test.steady"
+    description = "test-only op whose configs all work"
+    space = {"mode": ("ok",), "v": tuple(range(6))}
+
+
+STEADY = register(SteadySpec())

@@ -1,0 +1,142 @@
+"""The results store: schema, append-only rows, resume key, foreign files refused, concurrent writers."""
+
+import hashlib
+import multiprocessing as mp
+import os
+import sqlite3
+import time
+
+import pytest
+
+from moetune.store import COLUMN_NAMES, Store
+
+POINT = {"kernel": "k.op", "device_name": "dev", "shape": {"E": 4, "N": 8, "K": 16, "top_k": 2},
+         "tokens": 3, "routes": 6, "active_fraction": 1.0, "routing": "uniform"}
+
+
+def row(config, status="ok", **extra):
+    return {**POINT, "config": config, "status": status, **extra}
+
+
+def digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_new_store_has_schema_and_meta(tmp_path):
+    path = tmp_path / "sub" / "r.sqlite"
+    with Store(path):
+        pass
+    conn = sqlite3.connect(path)
+    cols = [r[1] for r in conn.execute("PRAGMA table_info(measurements)")]
+    meta = dict(conn.execute("SELECT key, value FROM meta"))
+    assert tuple(cols) == COLUMN_NAMES
+    assert meta == {"schema": "moetune-results", "version": "1"}
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_add_frame_and_resume_key(tmp_path):
+    with Store(tmp_path / "r.sqlite") as s:
+        a = s.add(row({"b": 2, "a": 1}, time_ms=0.5))
+        b = s.add(row('{"a": 3, "b": 2}', status="crash", reason="boom"))
+        s.add({**row({"a": 1, "b": 2}), "tokens": 4})  # another point
+        assert b == a + 1
+        got = s.measured_configs("k.op", "dev", '{"top_k":2,"K":16,"N":8,"E":4}', 3, 6, 1.0, "uniform")
+        assert got == {'{"a":1,"b":2}', '{"a":3,"b":2}'}
+        f = s.frame(status="crash")
+        assert list(f["reason"]) == ["boom"] and f["timestamp"].str.endswith("+00:00").all()
+        assert s.count() == 3 and s.count(tokens=4) == 1
+    with Store(tmp_path / "r.sqlite", create=False) as s:  # reopening keeps every row
+        assert s.count() == 3
+
+
+@pytest.mark.parametrize("bad", [{"status": "great"}, {"colour": "red"}])
+def test_add_rejects_bad_rows(tmp_path, bad):
+    with Store(tmp_path / "r.sqlite") as s:
+        with pytest.raises(ValueError):
+            s.add({**row({"a": 1}), **bad})
+        assert s.count() == 0
+
+
+def test_unknown_filter_column(tmp_path):
+    with Store(tmp_path / "r.sqlite") as s, pytest.raises(ValueError, match="colour"):
+        s.frame(colour="red")
+
+
+def test_missing_file_without_create(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.sqlite"):
+        Store(tmp_path / "nope.sqlite", create=False)
+    assert not (tmp_path / "nope.sqlite").exists()
+
+
+def _foreign_sqlite(path):
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE people (name TEXT)")
+    conn.execute("INSERT INTO people VALUES ('ada')")
+    conn.commit()
+    conn.close()
+
+
+def _wrong_version(path):
+    with Store(path):
+        pass
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'version'")
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_bytes(b"just some text, not a database at all"), "not SQLite"),
+    (_foreign_sqlite, "not a moetune results database"),
+    (_wrong_version, "version '99'"),
+])
+def test_foreign_files_are_refused_untouched(tmp_path, make, message):
+    path = tmp_path / "x.db"
+    make(path)
+    before = digest(path)
+    with pytest.raises(ValueError, match=message) as e:
+        Store(path)
+    assert str(path) in str(e.value)
+    assert digest(path) == before
+
+
+def _writer(path, worker, n):
+    with Store(path) as s:
+        for i in range(n):
+            s.add(row({"w": worker, "i": i}))
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "r.sqlite"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with Store(path) as s:
+        f = s.frame()
+    assert len(f) == 120 and f["config"].nunique() == 120
+
+
+def _claim_as(path, pid, expires_in):
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE claims SET pid = ?, expires = ?", (pid, time.time() + expires_in))
+    conn.commit()
+    conn.close()
+
+
+def test_claims(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with Store(path) as s:
+        assert s.claim(POINT, {"x": 1}, ttl=60)
+        _claim_as(path, os.getppid(), 60)  # now held by another live process
+        assert not s.claim(POINT, {"x": 1}, ttl=60)
+        _claim_as(path, os.getppid(), -1)  # ... whose claim expired
+        assert s.claim(POINT, {"x": 1}, ttl=60)
+        _claim_as(path, 2**22 + 12345, 60)  # ... held by a process that died
+        assert s.claim(POINT, {"x": 1}, ttl=60)
+        s.add(row({"x": 1}))
+        s.release(POINT, {"x": 1})
+        assert not s.claim(POINT, {"x": 1}, ttl=60)  # stored: never measured again
