@@ -9,7 +9,7 @@ from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, t
 from typer.testing import CliRunner
 
 from moetune import picker
-from moetune.cli import app
+from moetune.cli import _common, app
 from moetune.store import Store
 
 SHAPE_ARG = "E=8,N=64,K=128,top_k=2"
@@ -17,7 +17,8 @@ SHAPE_ARG = "E=8,N=64,K=128,top_k=2"
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path):
-    monkeypatch.setenv("COLUMNS", "250")
+    for c in (_common.console, _common.err_console):
+        monkeypatch.setattr(c, "width", 250)  # no wrapping inside the asserted lines
     monkeypatch.setenv(picker.ENV_VAR, str(tmp_path / "configs"))
     monkeypatch.setattr(picker, "packaged_dirs", lambda: ())
     picker.clear_cache()

@@ -92,7 +92,7 @@ def show(
             where = doc["device"] or f"arch {doc['arch']}"
             t = Table(title=f"{doc['kernel']} {tables.shape_stem(doc['shape'])} on {where}\n[dim]{f}[/]")
             for col in ("density", "routes", "config", "ms", "default ms", "speedup", "error", "roofline"):
-                t.add_column(col, justify="left" if col == "config" else "right")
+                t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
             for e in doc["entries"]:
                 t.add_row(f"{e['density']:g}", str(e.get("routes", "-")), _fmt_config(e["config"]),
                           _num(e["time_ms"], ".4g"), _num(e["default_ms"], ".4g"),
