@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import operator
 import os
 import warnings
 from collections.abc import Mapping
@@ -90,6 +91,10 @@ def pick_config_with_source(kernel: str, shape: Mapping[str, Any], routes: int, 
         key = tuple(sorted(shape.items()))
     except (AttributeError, TypeError) as e:
         raise ValueError(f"shape must be a mapping of field -> int/str, got {shape!r}") from e
+    if type(routes) is not int:  # numpy / torch integers; bool and float are refused
+        if isinstance(routes, bool) or not hasattr(routes, "__index__"):
+            raise ValueError(f"routes must be an int >= 0, got {routes!r}")
+        routes = operator.index(routes)
     return _pick(kernel, key, routes, device, arch, os.environ.get(ENV_VAR, ""))
 
 
@@ -98,7 +103,7 @@ def _pick(kernel: str, shape_items: tuple, routes: int, device: DeviceInfo | str
           env: str) -> Pick:
     spec = get_spec(kernel)
     shape = spec.normalize_shape(dict(shape_items))
-    if isinstance(routes, bool) or not isinstance(routes, int) or routes < 0:
+    if routes < 0:
         raise ValueError(f"routes must be an int >= 0, got {routes!r}")
     info = device if isinstance(device, DeviceInfo) else None
     name = device.name if info else str(device)

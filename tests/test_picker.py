@@ -184,10 +184,22 @@ def test_weird_device_names_never_raise(dirs):
 def test_bad_call_arguments_are_value_errors(dirs):
     with pytest.raises(ValueError, match="routes"):
         pick(-1)
+    with pytest.raises(ValueError, match="routes"):
+        pick(2.5)
+    with pytest.raises(ValueError, match="routes"):
+        pick(True)
     with pytest.raises(ValueError, match="unknown kernel"):
         picker.pick_config("nope.kernel", SHAPE, 4, device=H)
     with pytest.raises(ValueError, match="top_k"):
         picker.pick_config(KERNEL, {"E": 8, "N": 64, "K": 128}, 4, device=H)
+
+
+def test_integer_like_routes_are_accepted(three):
+    import numpy as np
+    import torch
+
+    assert pick(np.int64(16)) == pick(torch.tensor(16).item()) == pick(16)
+    assert pick(torch.tensor(64)).density_key == 8.0
 
 
 def test_answers_are_cached_until_cleared(dirs):
