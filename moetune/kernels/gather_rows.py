@@ -38,11 +38,12 @@ def _gather_rows_kernel(
     pid_k = tl.program_id(1)
     rows = pid_r * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     row_ok = rows < R
-    # int64 row bases: rows * K overflows int32 at shapes this serves.
+    # int64 offsets: rows * K overflows int32 at shapes this serves.
     src = tl.load(idx_ptr + rows * stride_idx, mask=row_ok, other=0).to(tl.int64)
     dst = rows.to(tl.int64)
     cols = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
     mask = row_ok[:, None] & (cols < K)[None, :]
+    cols = cols.to(tl.int64)
     vals = tl.load(q_ptr + src[:, None] * stride_qm + cols[None, :] * stride_qk, mask=mask)
     tl.store(qo_ptr + dst[:, None] * stride_om + cols[None, :] * stride_ok, vals, mask=mask)
     if pid_k == 0:
