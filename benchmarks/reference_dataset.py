@@ -1,0 +1,133 @@
+"""Reference dataset for strategy replay: exhaustive sweeps of a few points, in priority order, to a deadline.
+
+Each job is (model, tp, kernel, tokens or routes[, slice]). Without a slice a point
+is swept exhaustively over its full constrained space (strategy tag "exhaustive").
+With a slice (``KEY=v1|v2;...``) only candidates whose listed parameters take the
+listed values are swept, exhaustively (tag "exhaustive-slice"): a full sub-grid, so
+one-step neighbourhoods stay intact for replay, unlike a random sample. At the
+deadline the sweep stops cleanly; ``points.json`` says, per point, how many
+candidates the (sliced) space has and how many were measured, so partial points
+are never passed off as complete.
+
+    PYTHONPATH=. python benchmarks/reference_dataset.py --db $OUT/reference.sqlite --deadline 280 \\
+        --job "deepseek-v3:8:fp8_decode.gate_up:tokens=1,16"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from moetune.problems import build_plan
+from moetune.runner import Runner
+from moetune.spec import canonical_json
+from moetune.store import Store
+from moetune.strategies import STRATEGIES
+from moetune.strategies.exhaustive import Exhaustive
+from moetune.sweep import Sweep
+
+
+class Deadline(Exception):
+    pass
+
+
+def parse_job(text: str) -> dict:
+    """"model:tp:kernel:tokens=1,16[:KEY=v|v;KEY=v]" -> a job."""
+    parts = text.split(":")
+    if len(parts) not in (4, 5):
+        raise ValueError(f"--job {text!r}: expected model:tp:kernel:tokens=..|routes=..[:slice]")
+    model, tp, kernel, density = parts[:4]
+    kind, _, values = density.partition("=")
+    if kind not in ("tokens", "routes"):
+        raise ValueError(f"--job {text!r}: density must be tokens=... or routes=...")
+    sl: dict[str, list] = {}
+    if len(parts) == 5:
+        for item in parts[4].split(";"):
+            key, _, vals = item.partition("=")
+            sl[key] = [json.loads(v) if v[:1].isdigit() else v for v in vals.split("|")]
+    return {"model": model, "tp": int(tp), "kernel": kernel, kind: [int(v) for v in values.split(",")],
+            "slice": sl}
+
+
+def slice_strategy(sl: dict[str, list]) -> str:
+    """Register (for this process) an exhaustive strategy over the slice; returns its name."""
+    if not sl:
+        return "exhaustive"
+
+    class ExhaustiveSlice(Exhaustive):
+        name = "exhaustive-slice"
+
+        def start(self, ctx):
+            ctx.candidates = [c for c in ctx.candidates if all(c.get(k) in v for k, v in sl.items())]
+            super().start(ctx)
+
+    STRATEGIES[ExhaustiveSlice.name] = ExhaustiveSlice
+    return ExhaustiveSlice.name
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--job", action="append", required=True)
+    ap.add_argument("--deadline", type=float, default=280.0, help="seconds from start; then stop cleanly")
+    ap.add_argument("--out", default=None, help="where points.json goes (default: next to --db)")
+    args = ap.parse_args()
+    t_end = time.monotonic() + args.deadline
+    jobs = [parse_job(j) for j in args.job]
+    store = Store(args.db)
+    runner = Runner(timeout=30.0)
+    report, stopped = [], False
+    try:
+        runner.start()
+        for job in jobs:
+            plan = build_plan([job["kernel"]], model=job["model"], tp=job["tp"], tokens=job.get("tokens", []),
+                              routes=job.get("routes", []), active=[1.0] if "tokens" in job else [],
+                              device=runner.device)
+            strategy = slice_strategy(job["slice"])
+            for problem in plan.problems:
+                sw = Sweep(store, runner, strategy=strategy, seed=0)
+                pt = sw.plan([problem], runner.device)[0]
+                space = [c for c in pt.candidates if all(c.get(k) in v for k, v in job["slice"].items())]
+                entry = {"point": problem.describe(), "kernel": problem.kernel, "tokens": problem.tokens,
+                         "routes": problem.routes, "slice": job["slice"], "space": len(space),
+                         "pruned": pt.pruned, "strategy": strategy}
+                report.append(entry)
+                if stopped:
+                    entry["measured"] = 0
+                    continue
+                t0 = time.monotonic()
+
+                def on_event(kind, **data):
+                    if kind == "result" and time.monotonic() > t_end:
+                        raise Deadline
+
+                sw.on_event = on_event
+                try:
+                    sw.run()
+                except Deadline:
+                    stopped = True
+                keys = {canonical_json(c) for c in space}
+                done = store.measured_configs(problem.kernel, runner.device.name, problem.shape_key,
+                                              problem.tokens, problem.routes, problem.active_fraction,
+                                              problem.routing)
+                entry["measured"] = len(keys & done)
+                entry["complete"] = entry["measured"] == len(space)
+                entry["seconds"] = round(time.monotonic() - t0, 1)
+                best = pt.best
+                entry["best_ms"] = best.time_ms if best else None
+                print(f"{entry['point']}: {entry['measured']}/{entry['space']} in {entry['seconds']} s, "
+                      f"best {entry['best_ms']}", flush=True)
+    finally:
+        runner.close()
+        store.close()
+        out = Path(args.out) if args.out else Path(args.db).with_name("points.json")
+        out.write_text(json.dumps(report, indent=1))
+    print(f"{'point':80s} {'measured':>9s} {'space':>6s} {'s':>6s}")
+    for e in report:
+        print(f"{e['point'][:80]:80s} {e.get('measured', 0):9d} {e['space']:6d} {e.get('seconds', 0):6}")
+
+
+if __name__ == "__main__":
+    main()
