@@ -461,22 +461,35 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     if m == 0:
         return x.new_empty((0, h))
     routes = m * top_k
+    dev = x.device
+    buffers = {"gate_up": torch.empty(routes, 2 * inter, dtype=torch.float32, device=dev),
+               "act": torch.empty(routes, inter, dtype=x.dtype, device=dev),
+               "down": torch.empty(routes, h, dtype=torch.float32, device=dev),
+               "out": torch.empty(m, h, dtype=x.dtype, device=dev)}
+    return decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, cfg, buffers,
+                           activation, swiglu_limit)
+
+
+def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, config: Mapping[str, dict],
+                    buffers: Mapping[str, torch.Tensor], activation: str = "silu",
+                    swiglu_limit: float | None = None) -> torch.Tensor:
+    """The launches of ``fp8_decode_moe`` on checked inputs and resolved configs, writing the caller's
+    ``buffers`` (fp32 "gate_up" [R, 2I], "act" [R, I] in x's dtype, fp32 "down" [R, H], "out" [M, H]),
+    so a CUDA-graph test can poison every intermediate before a replay. Returns ``buffers["out"]``."""
+    e, top_k = w13.shape[0], topk_ids.shape[1]
     ids = topk_ids.reshape(-1).contiguous()
     rw = topk_weights.reshape(-1).contiguous()
     aligned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for c in cfg.values():
+    for c in config.values():
         if c["ALGO"] == "grouped" and c["BLOCK_SIZE_M"] not in aligned:
             aligned[c["BLOCK_SIZE_M"]] = align_routes(ids, e, c["BLOCK_SIZE_M"])
-
-    gu = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
-    fp8_block_gemm(x, w13, w13_scale, ids, gu, cfg["gate_up"], a_row_div=top_k,
-                   aligned=aligned.get(cfg["gate_up"]["BLOCK_SIZE_M"]))
-    act = gated_activation_rows(gu, ids, torch.empty(routes, inter, dtype=x.dtype, device=x.device),
-                                activation, swiglu_limit)
-    down = torch.empty(routes, h, dtype=torch.float32, device=x.device)
-    fp8_block_gemm(act, w2, w2_scale, ids, down, cfg["down"], topk_weights=rw,
-                   aligned=aligned.get(cfg["down"]["BLOCK_SIZE_M"]))
-    return sum_topk(down, ids, torch.empty(m, h, dtype=x.dtype, device=x.device))
+    gu, act = buffers["gate_up"], buffers["act"]
+    fp8_block_gemm(x, w13, w13_scale, ids, gu, config["gate_up"], a_row_div=top_k,
+                   aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]))
+    gated_activation_rows(gu, ids, act, activation, swiglu_limit)
+    fp8_block_gemm(act, w2, w2_scale, ids, buffers["down"], config["down"], topk_weights=rw,
+                   aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]))
+    return sum_topk(buffers["down"], ids, buffers["out"])
 
 
 def fp8_decode_moe_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
