@@ -56,7 +56,7 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 
 def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`quantize_mxfp4`: fp32 ``[..., N, K]`` (exact)."""
+    """Inverse of :func:`quantize_mxfp4`: fp32 ``[..., N, K]``, exact for scale codes 0..252."""
     if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
         raise ValueError(f"packed and scale must be uint8, got {packed.dtype} and {scale.dtype}")
     k = packed.shape[-1] * 2
