@@ -14,8 +14,9 @@ Lookup, first hit wins:
 Serving never fails on a table: a missing one is a single log line, an unreadable,
 corrupt or foreign-version one a single :class:`TableWarning`, and the answer falls
 through to the next table or the heuristic. Answers are cached per (kernel, shape,
-routes, device, ``MOETUNE_CONFIG_DIR``), so a call per forward pass costs a dict lookup;
-:func:`clear_cache` forgets tables read earlier.
+routes, device), so a call per forward pass costs a dict lookup; tables and
+``MOETUNE_CONFIG_DIR`` are read when an answer is first needed, and again after
+:func:`clear_cache`.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def packaged_dirs() -> tuple[Path, ...]:
     return tuple(p for p in found if p.is_dir())
 
 
-def config_dirs(env: str | None = None) -> tuple[Path, ...]:
+def config_dirs() -> tuple[Path, ...]:
     """Directories searched in order: ``MOETUNE_CONFIG_DIR`` entries, then the packaged ones."""
-    env = os.environ.get(ENV_VAR) if env is None else env
+    env = os.environ.get(ENV_VAR)
     return tuple(Path(p) for p in (env or "").split(os.pathsep) if p) + packaged_dirs()
 
 
@@ -85,43 +86,61 @@ def pick_config_with_source(kernel: str, shape: Mapping[str, Any], routes: int, 
                             device: DeviceInfo | str | None = None, arch: str | None = None) -> Pick:
     """:func:`pick_config` plus where the answer came from. ``arch`` overrides the device's arch
     (for asking about a GPU this machine does not have)."""
-    if device is None:
-        device = device_info()
-    try:
-        key = tuple(sorted(shape.items()))
-    except (AttributeError, TypeError) as e:
-        raise ValueError(f"shape must be a mapping of field -> int/str, got {shape!r}") from e
     if type(routes) is not int:  # numpy / torch integers; bool and float are refused
         if isinstance(routes, bool) or not hasattr(routes, "__index__"):
             raise ValueError(f"routes must be an int >= 0, got {routes!r}")
         routes = operator.index(routes)
-    return _pick(kernel, key, routes, device, arch, os.environ.get(ENV_VAR, ""))
+    # The key is cheap on purpose (no sorting, no environment read): this runs every forward pass.
+    return _pick(kernel, tuple(shape.items()), routes, device, arch)
 
 
-@functools.lru_cache(maxsize=8192)
-def _pick(kernel: str, shape_items: tuple, routes: int, device: DeviceInfo | str, arch: str | None,
-          env: str) -> Pick:
+@dataclass(frozen=True)
+class _Lookup:
+    """Everything about a (kernel, shape, device) that does not depend on routes."""
+
+    spec: KernelSpec
+    shape: dict
+    arch: str
+    name: str
+    info: DeviceInfo | None  # for constraint checks; None when only a name is known
+    tables: tuple  # (source, path, table) in lookup order, usable tables only
+    dirs: tuple[Path, ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def _lookup(kernel: str, shape_items: tuple, device: DeviceInfo | str | None, arch: str | None) -> _Lookup:
     spec = get_spec(kernel)
     shape = spec.normalize_shape(dict(shape_items))
-    if routes < 0:
-        raise ValueError(f"routes must be an int >= 0, got {routes!r}")
+    if device is None:
+        device = device_info()
     info = device if isinstance(device, DeviceInfo) else None
     name = device.name if info else str(device)
+    dirs = config_dirs()
     if arch is None:
-        arch = info.arch if info else _arch_of(name, kernel, config_dirs(env))
+        arch = info.arch if info else _arch_of(name, kernel, dirs)
     if info is not None and info.arch != arch:
         info = None  # the device's own limits say nothing about another arch
-    dirs = config_dirs(env)
+    found = []
     for root in dirs:
         for source, path in _candidate_paths(root, arch, kernel, shape, name):
             table = _load(str(path))
-            if table is None:
-                continue
-            hit = _nearest(table, spec, shape, routes, info)
-            if hit is not None:
-                return Pick(MappingProxyType(dict(hit["config"])), source, str(path), hit["density"])
-    _note_missing(kernel, shape, arch, name, dirs)
-    return Pick(MappingProxyType(dict(spec.heuristic(shape, routes, arch))), "heuristic")
+            if table is not None and table["entries"]:
+                found.append((source, str(path), table))
+    return _Lookup(spec, shape, arch, name, info, tuple(found), dirs)
+
+
+@functools.lru_cache(maxsize=8192)
+def _pick(kernel: str, shape_items: tuple, routes: int, device: DeviceInfo | str | None,
+          arch: str | None) -> Pick:
+    lk = _lookup(kernel, shape_items, device, arch)
+    if routes < 0:
+        raise ValueError(f"routes must be an int >= 0, got {routes!r}")
+    for source, path, table in lk.tables:
+        hit = _nearest(table, lk.spec, lk.shape, routes, lk.info)
+        if hit is not None:
+            return Pick(MappingProxyType(dict(hit["config"])), source, path, hit["density"])
+    _note_missing(kernel, lk.shape, lk.arch, lk.name, lk.dirs)
+    return Pick(MappingProxyType(dict(lk.spec.heuristic(lk.shape, routes, lk.arch))), "heuristic")
 
 
 def _candidate_paths(root: Path, arch: str, kernel: str, shape: dict, name: str):
@@ -173,12 +192,10 @@ def _load(path: str) -> dict | None:
 
 
 def _nearest(table: dict, spec: KernelSpec, shape: dict, routes: int, info: DeviceInfo | None) -> dict | None:
-    entries = table["entries"]
-    if not entries:
-        return None
+    entries, logd = table["entries"], table["_logd"]
     x = math.log(routes / shape["E"]) if routes > 0 else -math.inf
     # Distances equal to 1e-9 are a tie (float logs of 2 and 8 are not equidistant from 4); lower wins.
-    order = sorted(range(len(entries)), key=lambda i: (round(abs(table["_logd"][i] - x), 9), i))
+    order = sorted(range(len(entries)), key=lambda i: (round(abs(logd[i] - x), 9), i))
     if info is None:
         return entries[order[0]]
     problem = Problem(spec.name, shape, max(1, -(-routes // shape["top_k"])), routes)
@@ -213,5 +230,6 @@ def _note_missing(kernel: str, shape: dict, arch: str, name: str, dirs: tuple[Pa
 def clear_cache() -> None:
     """Forget every table and answer read so far (after tables changed on disk)."""
     _pick.cache_clear()
+    _lookup.cache_clear()
     _load.cache_clear()
     _warned.clear()
