@@ -1,0 +1,163 @@
+"""The FP4 grouped prefill path against its fp32 reference (Triton interpreter on the CPU)."""
+
+import pytest
+import torch
+
+from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+from moetune.quant import quantize_mxfp4
+from moetune.routing import make_routes
+
+
+def _weights(e, h, i, g, device):
+    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)
+    return [t.to(device) for t in (*w13, *w2)]
+
+
+def _problem(m=24, h=128, i=64, e=4, top_k=2, routing="uniform", active=1.0, seed=0, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).to(device)
+    ids, wts = make_routes(m, top_k, e, routing=routing, active_fraction=active, generator=g, device=device)
+    return x, *_weights(e, h, i, g, device), wts, ids
+
+
+def _rel(out, ref):
+    assert torch.isfinite(out).all()
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
+    return dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=4, DECODE=decode, UNPACK=unpack,
+                **kw)
+
+
+# Tiles: every M tile, N tiles with a partial last tile (2I = 192, H = 160), K tiles with a partial
+# last chunk, and each decode design.
+@pytest.mark.parametrize("gate_up, down", [
+    (_cfg(16, 64, 64), _cfg(16, 32, 32, "fp8")),
+    (_cfg(32, 128, 128, "fp8"), _cfg(32, 64, 64, "bf16")),
+    (_cfg(64, 64, 128, "bf16", "asm"), _cfg(64, 128, 32, "fp8_scaled", "asm")),
+    (_cfg(128, 32, 32, "fp8_scaled", GROUP_SIZE_M=1), _cfg(128, 64, 128, "bf16", num_stages=2)),
+    (_cfg(16, 128, 256, "bf16"), _cfg(32, 64, 64, "fp8", GROUP_SIZE_M=16)),
+])
+def test_tiles_and_decodes_match_reference(gate_up, down, device):
+    args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)
+    ref = fp4_prefill_moe_reference(*args)
+    out = fp4_prefill_moe(*args, config={"gate_up": gate_up, "down": down})
+    assert out.shape == (20, 160) and out.dtype == torch.bfloat16
+    assert _rel(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("kw", [
+    dict(e=8, top_k=1, routing="zipf:4"),  # skewed: one expert takes most routes, others empty
+    dict(e=6, top_k=6, m=8),  # every expert per token
+    dict(e=1, top_k=1, m=9),
+])
+def test_routing_shapes(kw, device):
+    args = _problem(device=device, **kw)
+    cfg = _cfg(16, 64, 128)
+    out = fp4_prefill_moe(*args, config={"gate_up": cfg, "down": cfg})
+    assert _rel(out, fp4_prefill_moe_reference(*args)) < 1e-2
+
+
+def test_empty_experts_and_swiglu_limit(device):
+    x, *w, wts, ids = _problem(e=8, device=device)
+    ids = torch.where(ids % 3 == 0, ids, torch.zeros_like(ids))  # experts 1, 2, 4, 5, 7 get nothing
+    args = (x, *w, wts, ids)
+    cfg = _cfg(32, 64, 64, "fp8")
+    out = fp4_prefill_moe(*args, swiglu_limit=0.05, config={"gate_up": cfg, "down": cfg})
+    ref = fp4_prefill_moe_reference(*args, swiglu_limit=0.05)
+    assert _rel(out, ref) < 1e-2
+    assert _rel(ref, fp4_prefill_moe_reference(*args)) > 1e-2  # the limit did clamp something
+
+
+def test_inactive_routes_read_nothing(device):
+    """Experts only inactive routes would use hold NaN-decoding scales (255); weights there are NaN."""
+    x, w13p, w13s, w2p, w2s, wts, ids = _problem(m=16, e=6, top_k=3, active=2 / 3, device=device)
+    ids = ids.clone()
+    ids[ids >= 4] = -1  # experts 4 and 5 are touched only by inactive routes now
+    wts = torch.where(ids >= 0, wts, torch.full_like(wts, float("nan")))
+    clean = fp4_prefill_moe_reference(x, w13p, w13s, w2p, w2s, wts, ids)
+    for s in (w13s, w2s):
+        s[4:] = 255
+    cfg = _cfg(16, 64, 64)
+    out = fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, config={"gate_up": cfg, "down": dict(cfg)})
+    assert _rel(out, clean) < 1e-2
+    # a token whose routes are all inactive gets exactly zero
+    ids[0] = -1
+    out = fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, config={"gate_up": cfg, "down": cfg})
+    assert (out[0] == 0).all() and torch.isfinite(out).all()
+
+
+def test_gathered_layout_matches_indexed(device):
+    pytest.importorskip("moetune.kernels.gather_rows")
+    args = _problem(m=12, e=4, top_k=2, device=device)
+    down = _cfg(16, 64, 64)
+    out = fp4_prefill_moe(*args, config={"gate_up": _cfg(16, 64, 128, A_LAYOUT="gathered"), "down": down})
+    ref = fp4_prefill_moe(*args, config={"gate_up": _cfg(16, 64, 128), "down": down})
+    assert torch.equal(out, ref)
+
+
+def test_default_config_from_picker_and_zero_tokens(device):
+    args = _problem(m=6, device=device)
+    assert _rel(fp4_prefill_moe(*args), fp4_prefill_moe_reference(*args)) < 1e-2
+    x, *w, wts, ids = args
+    out = fp4_prefill_moe(x[:0], *w, wts[:0], ids[:0])
+    assert out.shape == (0, x.shape[1])
+
+
+def _bad(args, **changes):
+    names = ["x", "w13_packed", "w13_scale", "w2_packed", "w2_scale", "topk_weights", "topk_ids"]
+    return [changes.get(n, a) for n, a in zip(names, args, strict=True)]
+
+
+def test_bad_inputs_name_the_argument():
+    x, w13p, w13s, w2p, w2s, wts, ids = args = _problem(m=4)
+    cases = {
+        "x": _bad(args, x=x.to(torch.int32)),
+        "hidden size": _bad(args, x=x[:, :100]),
+        "w13_packed": _bad(args, w13_packed=w13p.view(torch.int8)),
+        "w13_scale": _bad(args, w13_scale=w13s[:, :, :2]),
+        "w2_packed": _bad(args, w2_packed=w2p[:, :, :16]),
+        "w2_scale": _bad(args, w2_scale=w2s[:1]),
+        "topk_ids": _bad(args, topk_ids=ids.float()),
+        "topk_weights": _bad(args, topk_weights=wts[:, :1]),
+        "device": _bad(args, w2_scale=w2s.to("meta")),
+    }
+    for what, bad in cases.items():
+        with pytest.raises(ValueError, match=what):
+            fp4_prefill_moe(*bad, config={"gate_up": {}, "down": {}})
+        with pytest.raises(ValueError, match=what):
+            fp4_prefill_moe_reference(*bad)
+
+
+@pytest.mark.parametrize("config, what", [
+    ({"gate_up": {"BLOCK_SIZE_Q": 16}}, "BLOCK_SIZE_Q"),
+    ({"gate_up": {"BLOCK_SIZE_K": 48}}, "BLOCK_SIZE_K"),
+    ({"down": {"BLOCK_SIZE_K": 96}}, "BLOCK_SIZE_K"),
+    ({"down": {"BLOCK_SIZE_N": 48}}, "BLOCK_SIZE_N"),
+    ({"down": {"BLOCK_SIZE_M": 8}}, "BLOCK_SIZE_M"),
+    ({"down": {"A_LAYOUT": "gathered"}}, "A_LAYOUT"),
+    ({"down": {"DECODE": "fp8", "BLOCK_SIZE_K": 256}}, "BLOCK_SIZE_K"),
+    ({"gate_up": {"DECODE": "int4"}}, "DECODE"),
+    ({"gate_up": {"num_stages": 0}}, "num_stages"),
+    ({"middle": {}}, "middle"),
+    ([1, 2], "config"),
+])
+def test_bad_configs_name_the_key(config, what):
+    with pytest.raises(ValueError, match=what):
+        fp4_prefill_moe(*_problem(m=4), config=config)
+
+
+def test_validate_checks_ids_and_scale_codes():
+    x, w13p, w13s, w2p, w2s, wts, ids = _problem(m=4)
+    bad_ids = ids.clone()
+    bad_ids[0, 0] = 99
+    with pytest.raises(ValueError, match="topk_ids"):
+        fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, bad_ids, validate=True,
+                        config={"gate_up": {}, "down": {}})
+    w2s = w2s.clone()
+    w2s[0, 0, 0] = 250
+    with pytest.raises(ValueError, match="w2_scale"):
+        fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, validate=True,
+                        config={"gate_up": {}, "down": {"DECODE": "fp8_scaled"}})
