@@ -11,11 +11,12 @@ route density:
 - ``"grouped"``: routes bucketed by expert on the GPU (``_align_kernel``: fixed-size
   buffers sized from the route count and E, so no host sync and CUDA-graph capturable),
   padded to BLOCK_SIZE_M; one program per (M block, N tile, K split) runs ``tl.dot``, so
-  routes sharing an expert share its weight reads. Unused M blocks exit at once.
+  routes sharing an expert share its weight reads. Unused M blocks exit at once; a few
+  extra programs write the zero rows of inactive routes.
 
 Inactive routes (``topk_ids == -1``, computed elsewhere, e.g. on the CPU) cost nothing: a
 route program writes zeros to its output tile and returns before reading activations,
-weights, scales or routing weights; the grouped path never places them in a block; the
+weights, scales or routing weights; the grouped path never places them in a block. The
 activation and the top_k sum treat them as zero without reading their rows. Launch shapes
 depend only on M, top_k, N and the config, so the whole path replays from one CUDA graph
 while the routing changes. Intermediates (the gate/up output, per-route down output) are fp32.
@@ -98,17 +99,27 @@ def _route_gemm_kernel(
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, w_ptr, s_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
-    N, K, R, A_ROW_DIV,
+    a_ptr, w_ptr, s_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
+    N, K, R, NUM_BLOCKS, A_ROW_DIV,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """The same product for one expert's block of routes (sorted ids, sentinel R = padding) via tl.dot;
-    the fp8 weights convert exactly to the activation dtype and each 128-K partial is scaled per column."""
+    the fp8 weights convert exactly to the activation dtype and each 128-K partial is scaled per column.
+    Programs past NUM_BLOCKS write the zero rows of inactive routes (SPLIT_K == 1; else pre-zeroed)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_mask = offs_n < N
+    if pid_m >= NUM_BLOCKS:
+        rows = (pid_m - NUM_BLOCKS) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+        ids = tl.load(ids_ptr + rows, mask=rows < R, other=0)
+        zero = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], tl.float32)
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :], zero,
+                 mask=(ids < 0)[:, None] & n_mask[None, :])
+        return
     e = tl.load(block_expert_ptr + pid_m)
     if e < 0:  # beyond the blocks this routing uses
         return
@@ -116,8 +127,6 @@ def _grouped_gemm_kernel(
     rows = tl.load(sorted_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
     row_mask = rows < R
     a_rows = a_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_am
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    n_mask = offs_n < N
     w_cols = w_ptr + e64 * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
     s_cols = s_ptr + e64 * stride_se + (offs_n // 128) * stride_sn
     iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
@@ -284,10 +293,11 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tupl
     sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
     if routes:
+        # one program walks every route twice; wide chunks keep that serial loop short
         e_p2 = triton.next_power_of_2(num_experts)
-        chunk = max(16, min(128, 8192 // e_p2))
+        chunk = max(16, min(128, 32768 // e_p2, triton.next_power_of_2(routes)))
         _align_kernel[(1,)](ids, sorted_ids, block_expert, routes, nb, num_experts,
-                            BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=1024, num_warps=8)
+                            BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=4096, num_warps=16)
     return sorted_ids, block_expert
 
 
@@ -299,7 +309,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
 
     Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32 [R, N]; it is
     zeroed first when SPLIT_K > 1. ``aligned`` is ``align_routes``' result for the grouped algorithm
-    (computed here when None). Inactive rows: zeros (route) or untouched (grouped)."""
+    (computed here when None). Rows of inactive routes are zero."""
     cfg = check_gemm_config(config)
     ids = topk_ids.reshape(-1)
     rw = topk_weights.reshape(-1) if topk_weights is not None else ids
@@ -324,8 +334,10 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     sorted_ids, block_expert = aligned
     # the Triton interpreter's bf16 tl.dot is wrong (3.9); it runs the dot in fp32 instead
     interpreter_bf16 = a.dtype == torch.bfloat16 and interpreter_active()
-    _grouped_gemm_kernel[(block_expert.numel(), n_tiles, split)](
-        a, w, w_scale, sorted_ids, block_expert, rw, out, n, k, routes, a_row_div, *strides,
+    nb = block_expert.numel()
+    zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"]) if split == 1 else 0
+    _grouped_gemm_kernel[(nb + zero_programs, n_tiles, split)](
+        a, w, w_scale, ids, sorted_ids, block_expert, rw, out, n, k, routes, nb, a_row_div, *strides,
         BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], DOT_FP32=a.dtype == torch.float32 or interpreter_bf16, **common)
     return out
 
