@@ -1,0 +1,73 @@
+"""The fp4_prefill.gate_up / .down kernel specs: shapes, constraints, heuristic, inputs, accuracy gate."""
+
+import pytest
+
+from moetune.device import INTERPRETER, DeviceInfo
+from moetune.models import get_model
+from moetune.spec import get_spec
+
+OPS = ("fp4_prefill.gate_up", "fp4_prefill.down")
+
+
+def test_shapes_from_deepseek_v4_flash_tp2():
+    m = get_model("deepseek-v4-flash")
+    assert get_spec(OPS[0]).shape_from_model(m, tp=2) == {"E": 256, "N": 2048, "K": 4096, "top_k": 6}
+    assert get_spec(OPS[1]).shape_from_model(m, tp=2) == {"E": 256, "N": 4096, "K": 1024, "top_k": 6}
+    for op in OPS:
+        spec = get_spec(op)
+        assert spec.weight_format == "fp4"
+        assert {k: spec.default[k] for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M",
+                                             "num_warps", "num_stages")} == {
+            "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
+            "num_warps": 8, "num_stages": 1}
+        with pytest.raises(ValueError, match="K"):
+            spec.normalize_shape({"E": 2, "N": 64, "K": 48, "top_k": 1})
+
+
+def test_constraints():
+    spec = get_spec(OPS[0])
+    prob = spec.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, tokens=32)  # 8 rows per expert
+    ok = dict(spec.default)
+    assert spec.constraint(ok, prob, INTERPRETER) is None
+    assert "BLOCK_SIZE_K" in spec.constraint(dict(ok, BLOCK_SIZE_K=512), prob, INTERPRETER)
+    assert "BLOCK_SIZE_K" in spec.constraint(dict(ok, BLOCK_SIZE_K=96), prob, INTERPRETER)
+    assert "BLOCK_SIZE_N" in spec.constraint(dict(ok, BLOCK_SIZE_N=512), prob, INTERPRETER)
+    assert "rows per expert" in spec.constraint(dict(ok, BLOCK_SIZE_M=256), prob, INTERPRETER)
+    assert "unknown" in spec.constraint(dict(ok, SPLIT_K=2), prob, INTERPRETER)
+    small = DeviceInfo("tiny", "sm_80", 1, 48 * 1024, 0, True)
+    assert "shared memory" in spec.constraint(dict(ok, BLOCK_SIZE_N=256, BLOCK_SIZE_K=256, num_stages=3),
+                                              prob, small)
+    assert sum(spec.constraint(c, prob, INTERPRETER) is None for c in spec.candidates()) > 100
+
+
+def test_heuristic_tracks_density_below_sm90():
+    for op in OPS:
+        spec = get_spec(op)
+        shape = {"E": 256, "N": 2048, "K": 4096, "top_k": 6}
+        picks = [spec.heuristic(shape, r, "sm_89") for r in (1536, 6144, 24576)]
+        assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 32, 128]
+        assert all(p["BLOCK_SIZE_K"] == 128 for p in picks)
+        for p in picks + [spec.heuristic(shape, 1536, "sm_90"), spec.heuristic(shape, 1536, "interpreter")]:
+            spec.check_config(p)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_spec_run_passes_accuracy_gate_with_poisoned_outputs(op, device):
+    spec = get_spec(op)
+    prob = spec.problem({"E": 4, "N": 96, "K": 160, "top_k": 3}, tokens=10, active_fraction=2 / 3,
+                        routing="zipf:1.5")
+    inputs = spec.make_inputs(prob, device, seed=5)
+    ref = spec.reference(inputs)
+    cfgs = [dict(spec.default, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, DECODE="fp8_scaled"),
+            dict(spec.default, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, DECODE="fp8")]
+    for cfg in cfgs:
+        spec.poison(inputs)
+        spec.run(inputs, cfg)
+        err = spec.error(inputs.outputs, ref)
+        assert spec.passes(err), (cfg, err)
+    assert set(inputs.extra["align"]) == {16, 32}  # aligned once per BLOCK_SIZE_M, cached
+    assert spec.flops(prob, inputs) == 2 * 20 * 96 * 160
+    assert spec.bytes_moved(prob, inputs) > 0 and spec.bytes_moved(prob) > 0
+    # a run that skips rows is caught: the poisoned rows stay NaN
+    spec.poison(inputs)
+    assert not spec.passes(spec.error(inputs.outputs, ref))
