@@ -34,30 +34,39 @@ DEADLINE = float("inf")  # wall clock after which no new config is timed (--budg
 
 
 def hand_configs(op: str) -> list[dict]:
-    base = {"GROUP_SIZE_M": 8, "num_stages": 1, "UNPACK": "join", "BLOCK_SIZE_K": 128}
+    """The hand sweep: every decode and unpack design, M tiles 16..256, N tiles, warps, stages."""
+    base = {"GROUP_SIZE_M": 8, "num_stages": 1, "UNPACK": "asm", "BLOCK_SIZE_K": 128}
     out = []
-    for dec in ("bf16", "bf16_bits", "fp8"):
+    for bm in (16, 32, 64, 128):
+        for bn in (32, 64, 128, 256):
+            for w in (4, 8):
+                for st in (1, 2):
+                    out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, num_stages=st,
+                                    DECODE="fp8_scaled"))
+    for dec in ("fp8", "bf16"):
         for bm in (16, 32, 64, 128):
             for bn in (64, 128):
                 for w in (4, 8):
                     out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec))
+    for dec in ("fp8_scaled", "fp8", "bf16"):
         for bm in (16, 64, 128):
             out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                            DECODE=dec, UNPACK="shift"))
-            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                            DECODE=dec, BLOCK_SIZE_K=64))
-        for bm in (16, 128):
-            for st in (2, 3):
-                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                                DECODE=dec, num_stages=st))
-        for bm in (64, 128):
-            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=256, num_warps=8, DECODE=dec))
+                            DECODE=dec, UNPACK="join"))
         out.append(dict(base, BLOCK_SIZE_M=256, BLOCK_SIZE_N=128, num_warps=8, DECODE=dec))
-        out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, num_warps=4, DECODE=dec, GROUP_SIZE_M=1))
-        if op == "gate_up":
-            for bm in (16, 64, 128):
-                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                                DECODE=dec, A_LAYOUT="gathered"))
+        out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, num_warps=4, DECODE=dec, BLOCK_SIZE_K=64))
+    for dec in ("fp8", "bf16"):
+        for bm in (16, 128):
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                            DECODE=dec, num_stages=3))
+    for g in (1, 16):
+        for bm in (16, 64):
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                            DECODE="fp8_scaled", GROUP_SIZE_M=g))
+    if op == "gate_up":
+        for bm in (16, 32, 64, 128):
+            for w in (4, 8):
+                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=w, DECODE="fp8_scaled",
+                                A_LAYOUT="gathered"))
     return out
 
 
