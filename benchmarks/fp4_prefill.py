@@ -191,6 +191,9 @@ def measure(spec, prob, inputs, ref, configs, status, flops, log) -> list[dict]:
                 results.append(rec)
         log.write(json.dumps(rec) + "\n")
         log.flush()
+    if results:  # the best, timed again: the noise floor next to the number that counts
+        best = min(results, key=lambda r: r["ms"])
+        best["ms_again"] = time_ms(lambda: spec.run(inputs, best["config"]))[0]
     return results
 
 
@@ -237,11 +240,11 @@ def main() -> None:
               f"{best and canonical_json(best['config'])}", flush=True)
         del inputs, ref
     lines = ["| GEMM | routes | rows/expert | static ms | best ms | speedup | best TFLOP/s | % bf16 | % fp8 "
-             "| floor ms | best / floor | configs timed | best config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| floor ms | best / floor | best again ms | configs timed | best config |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for op, routes, density, static, best, floor_ms, n in rows:
         if not best:
-            lines.append(f"| {op} | {routes} | | | | | | | | {floor_ms:.3f} | | 0 | |")
+            lines.append(f"| {op} | {routes} | | | | | | | | {floor_ms:.3f} | | | 0 | |")
             continue
         st = static["ms"] if static else float("nan")
         tf = best["tflops"]
@@ -249,7 +252,7 @@ def main() -> None:
         lines.append(f"| {op} | {routes} | {density:g} | {st:.3f} | {best['ms']:.3f} "
                      f"| {st / best['ms']:.2f}x | {tf:.0f} | {tf / BF16_RATE * 1e14:.0f}% "
                      f"| {tf / FP8_RATE * 1e14:.0f}% | {floor_ms:.3f} | {best['ms'] / floor_ms:.2f}x "
-                     f"| {n} | {cfg} |")
+                     f"| {best['ms_again']:.3f} | {n} | {cfg} |")
     table = "\n".join(lines)
     (args.out / "table.md").write_text(table + "\n")
     best_cfgs = {f"{r[0]}|{r[1]}": r[4]["config"] for r in rows if r[4]}
