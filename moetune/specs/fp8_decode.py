@@ -1,0 +1,183 @@
+"""Specs of the FP8 block-scale decode GEMMs: ``fp8_decode.gate_up`` and ``fp8_decode.down``.
+
+Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
+split-K, or "grouped" tensor-core blocks per expert) is a tuned parameter like the tiles,
+because the best one moves with route density. A grouped run includes its on-GPU routing
+step (``align_routes``), which a layer pays once for both GEMMs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import triton
+
+from ..device import DeviceInfo
+from ..kernels import fp8_decode as F
+from ..models import ModelPreset
+from ..quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from ..routing import make_routes
+from ..spec import Config, Inputs, KernelSpec, Problem, register
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_SM_TARGET_PROGRAMS = 2048  # route path: enough programs (and loads) in flight on a ~132-SM GPU
+
+
+class _Fp8DecodeGemm(KernelSpec):
+    gemm = ""
+    space = {
+        "ALGO": list(F.ALGOS),
+        "BLOCK_SIZE_M": [16, 32, 64],
+        "BLOCK_SIZE_N": [16, 32, 64, 128, 256],
+        "BLOCK_SIZE_K": [128, 256, 512],
+        "SPLIT_K": [1, 2, 4, 8, 16],
+        "num_warps": [2, 4, 8],
+        "num_stages": [1, 2, 3, 4],
+    }
+    default = dict(F.GEMM_DEFAULT)
+    shape_defaults = {"dtype": "bfloat16"}
+    tolerance = 1e-2
+    cuda_graph = True
+    weight_format = "fp8_block"
+
+    # ---- shapes -------------------------------------------------------------------------------
+    def normalize_shape(self, shape: Mapping[str, Any]) -> dict[str, Any]:
+        out = super().normalize_shape(shape)
+        if out["dtype"] not in DTYPES:
+            raise ValueError(f"{self.name}: shape field dtype must be one of {sorted(DTYPES)}, "
+                             f"got {out['dtype']!r}")
+        if out["top_k"] > out["E"]:
+            raise ValueError(f"{self.name}: top_k {out['top_k']} exceeds E {out['E']}")
+        return out
+
+    def _nk(self, hidden: int, inter: int) -> tuple[int, int]:
+        return (2 * inter, hidden) if self.gemm == "gate_up" else (hidden, inter)
+
+    def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
+        e, inter = model.per_rank(tp, ep)
+        n, k = self._nk(model.hidden, inter)
+        return {"E": e, "N": n, "K": k, "top_k": model.top_k, "dtype": "bfloat16"}
+
+    # ---- configs ------------------------------------------------------------------------------
+    def check_config(self, config: Mapping[str, Any]) -> None:
+        super().check_config(config)
+        F.check_gemm_config(config, self.name)
+
+    def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
+        reason = super().constraint(config, problem, device)
+        if reason:
+            return reason
+        cfg = {**F.GEMM_DEFAULT, **config}
+        n, k = problem.shape["N"], problem.shape["K"]
+        bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+        if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
+            return "BLOCK_SIZE_M only matters for ALGO grouped (route keeps the default, no duplicates)"
+        if bn > max(16, triton.next_power_of_2(n)):
+            return f"BLOCK_SIZE_N {bn} is wider than N {n}"
+        if bk > max(128, triton.next_power_of_2(k)):
+            return f"BLOCK_SIZE_K {bk} is longer than K {k}"
+        if cfg["SPLIT_K"] > triton.cdiv(k, bk):
+            return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {triton.cdiv(k, bk)} K blocks"
+        if cfg["ALGO"] == "grouped" and bm > max(16, triton.next_power_of_2(max(1, problem.routes))):
+            return f"BLOCK_SIZE_M {bm} exceeds the {problem.routes} routes"
+        a_bytes = DTYPES[problem.shape["dtype"]].itemsize
+        if cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
+            smem = cfg["num_stages"] * bn * bk
+        else:  # activation + fp8 weight tiles per stage, plus the converted operand
+            smem = cfg["num_stages"] * (bm * bk * a_bytes + bk * bn) + 128 * bn * a_bytes
+        if smem > device.max_shared_mem:
+            return f"shared memory estimate {smem} B exceeds the device's {device.max_shared_mem} B"
+        return None
+
+    def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
+        """Fallback from H200 measurements (results/fp8_decode.md): below ~0.25 rows per expert with
+        a long K, the split-K GEMV wins (few routes, too few programs otherwise); above, sharing each
+        expert's weight reads across its routes with tensor cores wins."""
+        n, k, e = shape["N"], shape["K"], shape["E"]
+        density = routes / e
+        if arch == "interpreter":  # fewest programs: the interpreter pays per program
+            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
+                    "BLOCK_SIZE_K": 256 if k > 128 else 128}
+        if density < 0.05 or (density <= 0.25 and k >= 2048):
+            bn = 32
+            bk = 512 if k >= 2048 else 256 if k > 128 else 128
+            programs = max(1, routes) * triton.cdiv(n, bn)
+            split = max(1, min(4, _SM_TARGET_PROGRAMS // programs, triton.cdiv(k, bk)))
+            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split}
+        programs = min(routes, e) * triton.cdiv(n, 64)
+        split = 4 if programs < 264 else 2 if programs < 528 else 1
+        split = max(1, min(split, triton.cdiv(k, 128)))
+        return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
+                "BLOCK_SIZE_K": 128, "SPLIT_K": split, "num_stages": 3}
+
+    # ---- running ------------------------------------------------------------------------------
+    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+        s = problem.shape
+        e, n, k, top_k, dtype = s["E"], s["N"], s["K"], s["top_k"], DTYPES[s["dtype"]]
+        gen = torch.Generator().manual_seed(seed)
+        dgen = torch.Generator(device=device).manual_seed(seed)
+        tokens = problem.tokens
+        routes = tokens * top_k
+        ids, rw = make_routes(tokens, top_k, e, routing=problem.routing,
+                              active_fraction=problem.active_fraction, generator=gen, device=device)
+        w, scale = quantize_fp8_block(torch.randn(e, n, k, generator=dgen, device=device) * 0.05)
+        rows = tokens if self.gemm == "gate_up" else routes
+        a = torch.randn(rows, k, generator=dgen, device=device).to(dtype)
+        out = torch.empty(routes, n, dtype=torch.float32, device=device)
+        return Inputs({"a": a, "w": w, "w_scale": scale, "topk_ids": ids, "topk_weights": rw},
+                      (out,), {"a_row_div": top_k if self.gemm == "gate_up" else 1})
+
+    def run(self, inputs: Inputs, config: Config) -> None:
+        t = inputs.tensors
+        F.fp8_block_gemm(t["a"], t["w"], t["w_scale"], t["topk_ids"], inputs.outputs[0], config,
+                         a_row_div=inputs.extra["a_row_div"],
+                         topk_weights=t["topk_weights"] if self.gemm == "down" else None)
+
+    def reference(self, inputs: Inputs) -> tuple[torch.Tensor, ...]:
+        t = inputs.tensors
+        ids = t["topk_ids"].reshape(-1)
+        out = torch.zeros(ids.numel(), t["w"].shape[1], dtype=torch.float32, device=ids.device)
+        a = t["a"].float()
+        for e in torch.unique(ids[ids >= 0]).tolist():
+            rows = (ids == e).nonzero().flatten()
+            w = dequantize_fp8_block(t["w"][e], t["w_scale"][e])
+            out[rows] = a[rows // inputs.extra["a_row_div"]] @ w.T
+        if self.gemm == "down":
+            out *= t["topk_weights"].reshape(-1, 1)
+        return (out,)
+
+    # ---- roofline -----------------------------------------------------------------------------
+    def bytes_moved(self, problem: Problem, inputs: Inputs | None = None) -> int:
+        """Distinct experts' fp8 weights + fp32 scales, the activation rows read, fp32 outputs written."""
+        s = problem.shape
+        e, n, k, top_k = s["E"], s["N"], s["K"], s["top_k"]
+        if inputs is not None:
+            ids = inputs.tensors["topk_ids"]
+            experts = float(torch.unique(ids[ids >= 0]).numel())
+        else:  # expected distinct experts among `routes` uniform picks
+            experts = e * (1.0 - (1.0 - 1.0 / e) ** problem.routes)
+        per_expert = n * k + triton.cdiv(n, 128) * triton.cdiv(k, 128) * 4
+        rows = problem.tokens if self.gemm == "gate_up" else problem.routes
+        a_bytes = DTYPES[s["dtype"]].itemsize
+        return int(experts * per_expert + rows * k * a_bytes + problem.tokens * top_k * n * 4)
+
+    def flops(self, problem: Problem, inputs: Inputs | None = None) -> int:
+        return 2 * problem.routes * problem.shape["N"] * problem.shape["K"]
+
+
+class Fp8DecodeGateUp(_Fp8DecodeGemm):
+    name = "fp8_decode.gate_up"
+    gemm = "gate_up"
+    description = "FP8 128x128 block-scale MoE decode, gate/up GEMM (A row = token), W8A16"
+
+
+class Fp8DecodeDown(_Fp8DecodeGemm):
+    name = "fp8_decode.down"
+    gemm = "down"
+    description = "FP8 128x128 block-scale MoE decode, down GEMM (A row = route, routing weight applied)"
+
+
+register(Fp8DecodeGateUp())
+register(Fp8DecodeDown())
