@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, table
+from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, table, toy_registered  # noqa: F401
 from typer.testing import CliRunner
 
 from moetune import picker

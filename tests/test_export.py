@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, row
+from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, row, toy_registered  # noqa: F401
 
 from moetune import picker, tables
 from moetune.device import DeviceInfo

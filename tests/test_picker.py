@@ -6,7 +6,7 @@ import math
 import warnings
 
 import pytest
-from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, table
+from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, table, toy_registered  # noqa: F401
 
 from moetune import picker, tables
 from moetune.device import INTERPRETER, DeviceInfo

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_tables_toy import DEVICE, KERNEL, SHAPE, cfg, entry, table
+from test_tables_toy import DEVICE, KERNEL, SHAPE, cfg, entry, table, toy_registered  # noqa: F401
 
 from moetune import tables
 from moetune.verify import verify

@@ -1,7 +1,8 @@
-"""A tiny registered spec and builders shared by the tables, picker, export and CLI tests.
+"""A tiny spec and builders shared by the tables, picker, export and CLI tests.
 
 The toy op needs no kernel: the tables code only uses a spec's names, space, default,
-shape normalization, config checks, constraint and heuristic.
+shape normalization, config checks, constraint and heuristic. It is registered only while a
+test that imports ``toy_registered`` runs, so other suites never see it in ``all_specs()``.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from moetune import tables
-from moetune.spec import KernelSpec, register
+import pytest
+
+from moetune import picker, tables
+from moetune import spec as spec_module
+from moetune.spec import KernelSpec, all_specs
 
 KERNEL = "toy.gemm"
 SHAPE = {"E": 8, "N": 64, "K": 128, "top_k": 2, "dtype": "bfloat16"}
@@ -43,7 +47,17 @@ class ToySpec(KernelSpec):
         return dict(self.default)
 
 
-SPEC = register(ToySpec())
+SPEC = ToySpec()
+
+
+@pytest.fixture(autouse=True)
+def toy_registered(monkeypatch):
+    """The toy spec in the registry for one test (autouse wherever this fixture is imported)."""
+    all_specs()  # the built-in specs first, so loading them later cannot drop the toy
+    monkeypatch.setitem(spec_module._REGISTRY, KERNEL, SPEC)
+    picker.clear_cache()
+    yield SPEC
+    picker.clear_cache()
 
 
 def cfg(bm: int, bk: int = 128, w: int = 4) -> dict[str, Any]:
