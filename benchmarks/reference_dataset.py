@@ -67,11 +67,32 @@ def slice_strategy(sl: dict[str, list]) -> str:
     return ExhaustiveSlice.name
 
 
+def remeasure(sw: Sweep, pt, k: int, t_end: float) -> int:
+    """Time the ``k`` fastest and ``k`` random other ok configs once more (rows tagged "remeasure"):
+    the measurement-to-measurement noise that replay's noise model is checked against."""
+    rows = sw.store.frame(**sw._key(pt.problem))
+    ok = rows[rows["status"] == "ok"].sort_values("time_ms")
+    rest = ok.iloc[k:]
+    pick = list(ok["config"].iloc[:k]) + list(rest["config"].sample(min(k, len(rest)), random_state=0))
+    configs = [json.loads(c) for c in pick]
+    n = 0
+    for config, res in sw.runner.measure(pt.spec, pt.problem, configs, seed=1):
+        row = sw._row(pt, config, res)
+        row["strategy"] = "remeasure"
+        sw.store.add(row)
+        n += 1
+        if time.monotonic() > t_end:
+            break
+    return n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
     ap.add_argument("--job", action="append", required=True)
     ap.add_argument("--deadline", type=float, default=280.0, help="seconds from start; then stop cleanly")
+    ap.add_argument("--remeasure", type=int, default=10, help="fastest (and as many random) ok configs "
+                    "timed again per complete point")
     ap.add_argument("--out", default=None, help="where points.json goes (default: next to --db)")
     args = ap.parse_args()
     t_end = time.monotonic() + args.deadline
@@ -117,6 +138,8 @@ def main() -> None:
                 entry["seconds"] = round(time.monotonic() - t0, 1)
                 best = pt.best
                 entry["best_ms"] = best.time_ms if best else None
+                if not stopped and args.remeasure:
+                    entry["remeasured"] = remeasure(sw, pt, args.remeasure, t_end)
                 print(f"{entry['point']}: {entry['measured']}/{entry['space']} in {entry['seconds']} s, "
                       f"best {entry['best_ms']}", flush=True)
     finally:

@@ -118,24 +118,24 @@ def load_points(path: str | Path, kernels: Sequence[str] = ()) -> list[RefPoint]
             raise ValueError(f"--kernel: no rows for {', '.join(kernels)} in {path}")
     if "spread" not in df.columns:
         df = df.assign(spread=0.0)
+    ok = (df["status"] == "ok") & df["time_ms"].notna()
+    df = df.assign(ok_time=df["time_ms"].where(ok), ok_spread=df["spread"].where(ok), ok=ok)
     points = []
     for key, g in df.groupby(list(POINT_COLUMNS), sort=False, dropna=False):
         point = dict(zip(POINT_COLUMNS, key, strict=True))
-        configs, status, times, spreads = [], [], [], []
-        for cfg_text, rows in g.groupby("config", sort=False):
-            ok = rows[(rows["status"] == "ok") & rows["time_ms"].notna()]
-            configs.append(json.loads(cfg_text))
-            status.append("ok" if len(ok) else str(rows["status"].iloc[0]))
-            times.append(float(ok["time_ms"].median()) if len(ok) else math.nan)
-            sp = ok["spread"].dropna() if len(ok) else rows["spread"].dropna()
-            spreads.append(float(sp.median()) if len(sp) else 0.0)
+        per = g.groupby("config", sort=False).agg(
+            ok=("ok", "any"), status=("status", "first"), time_ms=("ok_time", "median"),
+            ok_spread=("ok_spread", "median"), spread=("spread", "median"))
+        configs = [json.loads(c) for c in per.index]
+        status = ["ok" if o else s for o, s in zip(per["ok"], per["status"], strict=True)]
+        spread = per["ok_spread"].where(per["ok"], per["spread"]).fillna(0.0).to_numpy(dtype=float)
         shape = json.loads(point["shape"])
         default = _default_for(point["kernel"])
         if default is not None:
             default = next((c for c in configs if all(c.get(k) == v for k, v in default.items())), None)
         points.append(RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
                                int(point["routes"]), float(point["active_fraction"]), point["routing"],
-                               configs, status, np.array(times), np.array(spreads), default))
+                               configs, status, per["time_ms"].to_numpy(dtype=float), spread, default))
     points.sort(key=lambda p: (p.kernel, canonical_json(p.shape), p.routing, p.density, p.active_fraction))
     return points
 
@@ -232,6 +232,10 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
     each getting the winners found at the earlier ones (nearest density first) as hints."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if batch < 1:
+        raise ValueError(f"--batch must be >= 1, got {batch}")
+    if not strategies:
+        raise ValueError("--strategy: give at least one strategy")
     for s in strategies:
         get_strategy(s)
     rows = []

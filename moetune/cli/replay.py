@@ -76,8 +76,10 @@ def replay(
         if noise < 0:
             raise ValueError(f"--noise must be >= 0, got {noise}")
         budgets = rp.parse_budgets(budget)
+        strategies = split_list(strategy)
+        rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
         points = rp.load_points(data, split_list(kernel))
-        runs = rp.replay(points, split_list(strategy), budgets, seeds, batch, noise)
+        runs = rp.replay(points, strategies, budgets, seeds, batch, noise)
     summ, pp = rp.summary(runs), rp.per_point(runs)
     if per_point:
         console.print(_table("per point (quality over seeds)", pp, POINT_COLUMNS))

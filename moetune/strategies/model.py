@@ -27,8 +27,8 @@ from ..spec import Config
 from .adaptive import AdaptiveStrategy, hint_indices
 from .base import SearchContext
 
-EXPLORE = 0.2
-POLISH = 0.6
+EXPLORE = 0.1
+POLISH = 0.4
 GOOD_QUANTILE = 0.15
 BANDWIDTH = 0.3  # kernel width in feature units (one step of a 4-value tile list is 1/3)
 PRIOR = 1e-3  # keeps the ratio near 1 far from every measurement

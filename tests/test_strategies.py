@@ -1,0 +1,148 @@
+"""Adaptive strategies (coordinate, model) replayed on stored and synthetic landscapes."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from strategy_landscape import SPACE, write_dataset
+
+from moetune.replay import load_points, replay, replay_point
+from moetune.spec import canonical_json
+from moetune.strategies import Observation, SearchContext, get_strategy
+from moetune.strategies.features import Space
+
+DATA = "tests/data/toy_landscape.csv.gz"
+ADAPTIVE = ("coordinate", "model")
+
+
+@pytest.fixture(scope="module")
+def points():
+    return load_points(DATA)
+
+
+def test_data_loads_as_points(points):
+    assert [p.tokens for p in points] == [1, 16]
+    for p in points:
+        assert len(p.configs) == len(p.index) > 500  # pruned configs are simply absent
+        assert {"ok", "compile_error", "inaccurate"} <= set(p.status)
+        assert p.best_ms == min(t for t, s in zip(p.time_ms, p.status, strict=True) if s == "ok")
+
+
+@pytest.mark.parametrize("name", ADAPTIVE + ("random",))
+@pytest.mark.parametrize("batch", [1, 4, 8])
+def test_budget_respected_and_only_fresh_candidates(points, name, batch):
+    # replay_point raises on a config outside the point's candidates or one already measured
+    for budget in (1, 7, 40):
+        r = replay_point(points[1], name, budget, seed=0, batch=batch)
+        assert r["measurements"] <= budget
+        assert r["quality"] >= 1.0
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
+def test_never_proposes_pruned_or_measured(points, name):
+    p = points[0]
+    keep = p.configs[::2]  # pretend the constraints pruned every other config
+    stored = [Observation(keep[0], "ok", 1.0, 0.01), Observation(keep[5], "crash")]
+    s = get_strategy(name)
+    s.start(SearchContext(None, p.problem, keep, stored, hints=[p.configs[1], keep[9]], budget=60, seed=1))
+    allowed = {canonical_json(c) for c in keep}
+    seen = {o.key for o in stored}
+    while batch := s.propose(4):
+        keys = [canonical_json(c) for c in batch]
+        assert set(keys) <= allowed and not set(keys) & seen and len(set(keys)) == len(keys)
+        seen.update(keys)
+        s.observe([Observation(c, "ok", 1.0 + 0.01 * i, 0.01) for i, c in enumerate(batch)])
+    assert len(seen) <= 60
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
+def test_reproducible_with_a_seed(points, name):
+    def run(seed):
+        return replay_point(points[1], name, 50, seed=seed, batch=4)
+
+    assert run(3) == run(3)
+    assert run(3)["winner"] is not None
+
+
+def test_model_depends_on_the_seed(points):
+    winners = {replay_point(points[1], "model", 20, seed=s)["winner"] for s in range(4)}
+    assert len(winners) > 1 or replay_point(points[1], "model", 20, seed=0)["quality"] == 1.0
+
+
+def test_coordinate_starts_from_the_hint(points):
+    p = points[1]
+    hint = p.configs[len(p.configs) // 2]
+    s = get_strategy("coordinate")
+    s.start(SearchContext(None, p.problem, p.configs, [], hints=[hint], budget=30))
+    assert s.propose(4) == [hint]  # measured first, then its neighbours
+    s.observe([Observation(hint, "ok", 1.0, 0.01)])
+    nbrs = {canonical_json(p.configs[j]) for j in s.space.neighbours(p.index[canonical_json(hint)])}
+    batch = s.propose(64)
+    assert batch and {canonical_json(c) for c in batch} <= nbrs
+
+
+def test_neighbours_are_one_step_along_one_parameter(points):
+    space = Space(points[0].configs)
+    i = len(points[0].configs) // 3
+    base = space.candidates[i]
+    for j in space.neighbours(i):
+        diff = [k for k in base if base[k] != space.candidates[j][k]]
+        assert len(diff) == 1
+    assert space.features.shape[0] == len(space.candidates)
+    assert np.all((space.features >= 0) & (space.features <= 1))
+
+
+def test_final_remeasurement_is_interleaved_and_within_budget(points):
+    p = points[1]
+    s = get_strategy("model")
+    s.start(SearchContext(None, p.problem, p.configs, [], budget=80, seed=0))
+    times = {}
+    while batch := s.propose(8):
+        obs = [Observation(c, "ok", 1.0 + 0.001 * len(times) + 0.0001 * i, 0.01) for i, c in enumerate(batch)]
+        times.update({o.key: o.time_ms for o in obs})
+        s.observe(obs)
+    again = s.remeasure()
+    assert again and len(times) + len(again) <= 80
+    top = sorted(times, key=times.get)[:3]
+    keys = [canonical_json(c) for c in again]
+    assert keys[:3] == top and keys[3:6] == top  # A B C A B C
+    # the first-looking config measures slow twice: the runner-up wins on its mean
+    s.observe_remeasured([Observation(c, "ok", 2.0 if k == top[0] else times[k], 0.01)
+                          for c, k in zip(again, keys, strict=True)])
+    assert s.winner().key == top[1]
+
+
+def test_default_budget_is_a_tenth(points):
+    p = points[1]
+    s = get_strategy("model")
+    s.start(SearchContext(None, p.problem, p.configs))
+    n = 0
+    while batch := s.propose(64):
+        n += len(batch)
+        s.observe([Observation(c, "ok", 1.0, 0.01) for c in batch])
+    assert n + len(s.remeasure()) <= max(30, math.ceil(0.1 * len(p.configs)))
+
+
+def test_default_finds_a_planted_optimum(tmp_path):
+    # planted in the bowl's floor at 16 tokens (16 rows per expert), 8% below every other config
+    best = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "num_warps": 8, "num_stages": 2,
+            "MODE": "a"}
+    assert set(best) == set(SPACE)
+    path = tmp_path / "planted.csv"
+    write_dataset(path, points=((16, 8),), seed=11, best=best, rugged=0.005)
+    (p,) = load_points(path)
+    assert p.configs[int(np.nanargmin(p.time_ms))] == best
+    from moetune.strategies import DEFAULT_STRATEGY
+
+    name = DEFAULT_STRATEGY if DEFAULT_STRATEGY in ADAPTIVE else "model"
+    runs = replay([p], [name], ["10%"], seeds=10)
+    assert (runs["winner"] == canonical_json(best)).mean() >= 0.8
+    assert runs["measurements"].max() <= math.ceil(0.1 * len(p.configs))
+
+
+def test_beats_random_on_the_stored_landscape(points):
+    runs = replay(points, ["model", "coordinate", "random"], ["10%"], seeds=6)
+    q = runs.groupby("strategy")["quality"].apply(lambda x: float(np.exp(np.log(x).mean())))
+    assert q["model"] < q["random"] and q["coordinate"] < q["random"]
+    assert json.loads(runs["winner"].iloc[0]) in points[0].configs
