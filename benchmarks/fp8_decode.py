@@ -137,18 +137,15 @@ def graph_check(device, smoke, log):
     w13, s13, w2, s2 = make_model(E, H, I, device, gen)
     x = torch.randn(M, H, generator=gen).to(device, torch.bfloat16)
     ids, rw = routes_for(M, E, 8, gen, device)
-    bufs = {"gate_up": torch.empty(M * TOP_K, 2 * I, device=device),
-            "act": torch.empty(M * TOP_K, I, device=device, dtype=torch.bfloat16),
-            "down": torch.empty(M * TOP_K, H, device=device),
-            "out": torch.empty(M, H, device=device, dtype=torch.bfloat16)}
     results = []
     for name, cfg in (("route", route(32, 256, 2)), ("grouped", grouped(16, 64, 128, 2)),
                       ("mixed", None)):
         conf = ({"gate_up": F.check_gemm_config(cfg), "down": F.check_gemm_config(cfg)} if cfg else
-                {"gate_up": F.check_gemm_config(grouped(16, 32, 256, 1)),
-                 "down": F.check_gemm_config(route(16, 128, 1))})
+                {"gate_up": F.check_gemm_config({**grouped(16, 64, 256, 1), "SWAP_AB": 1}),
+                 "down": F.check_gemm_config(route(16, 128, 3))})
+        bufs = F.layer_buffers(M, TOP_K, H, I, torch.bfloat16, conf, device)
 
-        def layer(conf=conf):
+        def layer(conf=conf, bufs=bufs):
             return F.decode_moe_into(x, w13, s13, w2, s2, rw, ids, conf, bufs, "silu", None)
 
         layer()
@@ -192,7 +189,6 @@ def gemm_sweep(device, smoke, log, reps, iters):
             acts = [torch.randn(R, I, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
             for gemm in ("gate_up", "down"):
                 w, s, N, K = (w13, s13, 2 * I, H) if gemm == "gate_up" else (w2, s2, H, I)
-                outs = [torch.empty(R, N, device=device) for _ in range(reps)]
                 nbytes = statistics.mean(gemm_bytes(ids, N, K, tokens if gemm == "gate_up" else R, 2)
                                          for ids, _ in sets)
                 ref = None
@@ -201,6 +197,7 @@ def gemm_sweep(device, smoke, log, reps, iters):
                     kblocks = -(-K // c["BLOCK_SIZE_K"])
                     if c["BLOCK_SIZE_N"] > N or c["BLOCK_SIZE_K"] > max(128, K) or c["SPLIT_K"] > kblocks:
                         continue
+                    outs = [torch.empty(c["SPLIT_K"], R, N, device=device) for _ in range(reps)]
                     aligned = [F.align_routes(ids, E, c["BLOCK_SIZE_M"]) if c["ALGO"] == "grouped" else None
                                for ids, _ in sets]
 
@@ -226,7 +223,7 @@ def gemm_sweep(device, smoke, log, reps, iters):
                         ref, act_mask = ref_gemm(xs[0] if gemm == "gate_up" else acts[0], w, s, ids,
                                                  rw if gemm == "down" else None,
                                                  TOP_K if gemm == "gate_up" else 1)
-                    got = outs[0][act_mask]
+                    got = outs[0].sum(0)[act_mask]
                     err = ((got - ref[act_mask]).norm() / ref[act_mask].norm()).item()
                     frac = nbytes / BW / (us * 1e-6) if us == us else float("nan")
                     rows.append(dict(model=mname, gemm=gemm, tokens=tokens, config=cfg, us=us,
@@ -260,12 +257,8 @@ def layer_bench(device, smoke, log, best, reps, iters):
         for tokens in ((1,) if smoke else TOKENS):
             conf = {g: F.check_gemm_config(best[(mname, g, tokens)]["config"]
                                            if (mname, g, tokens) in best else {}) for g in F.GEMMS}
-            R = tokens * TOP_K
             xs = [torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
-            bufs = [{"gate_up": torch.empty(R, 2 * I, device=device),
-                     "act": torch.empty(R, I, device=device, dtype=torch.bfloat16),
-                     "down": torch.empty(R, H, device=device),
-                     "out": torch.empty(tokens, H, device=device, dtype=torch.bfloat16)} for _ in range(reps)]
+            bufs = [F.layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, device) for _ in range(reps)]
             for active in ((8, 2, 0) if smoke else ACTIVE):
                 base = [routes_for(tokens, E, active, gen, device) for _ in range(reps)]
                 res = {}

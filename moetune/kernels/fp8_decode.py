@@ -6,12 +6,14 @@ for down, where the routing weight is applied), in two algorithms the tuner pick
 route density:
 
 - ``"route"``: one program per (route, N tile, K split). A GEMV: broadcast-multiply and a
-  final row sum, no tensor cores. Split-K adds fp32 atomics into a zeroed buffer, so at one
-  token enough programs, and loads, are in flight to approach copy bandwidth.
+  final row sum, no tensor cores. Split-K writes one fp32 partial per K split, which the
+  consumer (activation, top_k sum) adds: at one token enough programs, and loads, are in
+  flight to approach copy bandwidth, with no zeroing launch and no atomics.
 - ``"grouped"``: routes bucketed by expert on the GPU (``_align_kernel``: fixed-size
   buffers sized from the route count and E, so no host sync and CUDA-graph capturable),
   padded to BLOCK_SIZE_M; one program per (M block, N tile, K split) runs ``tl.dot``, so
-  routes sharing an expert share its weight reads. Unused M blocks exit at once; a few
+  routes sharing an expert share its weight reads (SWAP_AB puts the weights on the MMA's
+  wide side for blocks of few routes). Unused M blocks exit at once; a few
   extra programs write the zero rows of inactive routes.
 
 Inactive routes (``topk_ids == -1``, computed elsewhere, e.g. on the CPU) cost nothing: a
@@ -39,7 +41,7 @@ SCALE_BLOCK = 128
 ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
-    "SPLIT_K": 1, "num_warps": 4, "num_stages": 1,
+    "SPLIT_K": 1, "SWAP_AB": 0, "num_warps": 4, "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -52,22 +54,22 @@ _SWIGLU_ALPHA = 1.702
 def _route_gemm_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
     N, K, A_ROW_DIV,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    """out[r, n] (+)= rw[r] * sum_k a[r // A_ROW_DIV, k] * w[ids[r], n, k] * scale; BLOCK_SIZE_N <= 128,
-    so the tile lies in one scale row and the scale is folded into the activation chunk."""
+    """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
+    * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation."""
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_mask = offs_n < N
-    out_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs_n
+    out_ptrs = out_ptr + pid_k * stride_os + r.to(tl.int64) * stride_om + offs_n
     e = tl.load(ids_ptr + r)
     if e < 0:
-        if SPLIT_K == 1:  # split-K outputs are pre-zeroed
-            tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
+        tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
         return
     e64 = e.to(tl.int64)
     a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
@@ -83,6 +85,7 @@ def _route_gemm_kernel(
             kb = k0 + j * 128
             offs_k = kb + sub
             k_mask = offs_k < K
+            # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
             s = tl.load(s_row + (tl.minimum(kb, K - 1) // 128) * stride_sk).to(tl.float32)
             x = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0).to(tl.float32) * s
             w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :],
@@ -91,33 +94,33 @@ def _route_gemm_kernel(
     res = tl.sum(acc, axis=1)
     if APPLY_WEIGHT:
         res = res * tl.load(rw_ptr + r)
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, res, mask=n_mask)
-    else:
-        tl.atomic_add(out_ptrs, res, mask=n_mask, sem="relaxed")
+    tl.store(out_ptrs, res, mask=n_mask)
 
 
 @triton.jit
 def _grouped_gemm_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
     N, K, R, NUM_BLOCKS, A_ROW_DIV,
-    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+    stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     """The same product for one expert's block of routes (sorted ids, sentinel R = padding) via tl.dot;
     the fp8 weights convert exactly to the activation dtype and each 128-K partial is scaled per column.
-    Programs past NUM_BLOCKS write the zero rows of inactive routes (SPLIT_K == 1; else pre-zeroed)."""
+    SWAP_AB computes the transposed tile (weights as the MMA's wide M side, routes as its narrow N side).
+    Programs past NUM_BLOCKS write the zero rows of inactive routes."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_mask = offs_n < N
+    out_split = out_ptr + pid_k * stride_os
     if pid_m >= NUM_BLOCKS:
         rows = (pid_m - NUM_BLOCKS) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
         ids = tl.load(ids_ptr + rows, mask=rows < R, other=0)
         zero = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], tl.float32)
-        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :], zero,
+        tl.store(out_split + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :], zero,
                  mask=(ids < 0)[:, None] & n_mask[None, :])
         return
     e = tl.load(block_expert_ptr + pid_m)
@@ -127,37 +130,52 @@ def _grouped_gemm_kernel(
     rows = tl.load(sorted_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
     row_mask = rows < R
     a_rows = a_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_am
-    w_cols = w_ptr + e64 * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+    w_base = w_ptr + e64 * stride_we + offs_n.to(tl.int64) * stride_wn
     s_cols = s_ptr + e64 * stride_se + (offs_n // 128) * stride_sn
     iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
     k_start = pid_k * iters * BLOCK_SIZE_K
     k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
     sub = tl.arange(0, 128)
-    acc = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_SIZE_N, BLOCK_SIZE_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_SIZE_M, BLOCK_SIZE_N], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_SIZE_K):
         for j in tl.static_range(BLOCK_SIZE_K // 128):
             kb = k0 + j * 128
             offs_k = kb + sub
             k_mask = offs_k < K
-            a = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
-                        mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_cols + offs_k[:, None] * stride_wk, mask=k_mask[:, None] & n_mask[None, :],
-                        other=0.0)
             # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
             s = tl.load(s_cols + (tl.minimum(kb, K - 1) // 128) * stride_sk, mask=n_mask,
                         other=0.0).to(tl.float32)
-            if DOT_FP32:
-                acc += tl.dot(a.to(tl.float32), w.to(tl.float32)) * s[None, :]
+            if SWAP_AB:
+                a = tl.load(a_rows[None, :] + offs_k[:, None] * stride_ak,
+                            mask=k_mask[:, None] & row_mask[None, :], other=0.0)
+                w = tl.load(w_base[:, None] + offs_k[None, :] * stride_wk,
+                            mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                if DOT_FP32:
+                    acc += tl.dot(w.to(tl.float32), a.to(tl.float32)) * s[:, None]
+                else:
+                    acc += tl.dot(w.to(a.dtype), a) * s[:, None]
             else:
-                acc += tl.dot(a, w.to(a.dtype)) * s[None, :]
-    if APPLY_WEIGHT:
-        acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
-    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
-    mask = row_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc, mask=mask)
+                a = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                            mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                w = tl.load(w_base[None, :] + offs_k[:, None] * stride_wk,
+                            mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                if DOT_FP32:
+                    acc += tl.dot(a.to(tl.float32), w.to(tl.float32)) * s[None, :]
+                else:
+                    acc += tl.dot(a, w.to(a.dtype)) * s[None, :]
+    if SWAP_AB:
+        if APPLY_WEIGHT:
+            acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[None, :]
+        out_ptrs = out_split + rows[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+        tl.store(out_ptrs, acc, mask=n_mask[:, None] & row_mask[None, :])
     else:
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
+        if APPLY_WEIGHT:
+            acc = acc * tl.load(rw_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        out_ptrs = out_split + rows[:, None].to(tl.int64) * stride_om + offs_n[None, :]
+        tl.store(out_ptrs, acc, mask=row_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
@@ -199,11 +217,11 @@ def _align_kernel(
 
 @triton.jit
 def _gated_act_kernel(
-    gu_ptr, out_ptr, ids_ptr, I, stride_gm, stride_om, limit,
-    ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+    gu_ptr, out_ptr, ids_ptr, I, stride_gs, stride_gm, stride_om, limit,
+    SPLITS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """out[r] = act(gate, up) with gate = gu[r, :I], up = gu[r, I:]; inactive routes get zeros, unread.
-    Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu)."""
+    """out[r] = act(gate, up), gate/up = the sum of the gate/up GEMM's SPLITS partials [.., :I] / [.., I:];
+    inactive routes get zeros, unread. Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu)."""
     r = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -212,8 +230,11 @@ def _gated_act_kernel(
         tl.store(out_ptrs, tl.zeros([BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
         return
     row = gu_ptr + r.to(tl.int64) * stride_gm
-    g = tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(row + I + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.zeros([BLOCK], tl.float32)
+    u = tl.zeros([BLOCK], tl.float32)
+    for sp in tl.static_range(SPLITS):
+        g += tl.load(row + sp * stride_gs + offs, mask=mask, other=0.0).to(tl.float32)
+        u += tl.load(row + sp * stride_gs + I + offs, mask=mask, other=0.0).to(tl.float32)
     if HAS_LIMIT and ACTIVATION != 1:
         g = tl.minimum(g, limit)
         u = tl.minimum(tl.maximum(u, -limit), limit)
@@ -228,8 +249,10 @@ def _gated_act_kernel(
 
 
 @triton.jit
-def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, BLOCK: tl.constexpr):
-    """out[m] = sum over active routes of y[m * TOP_K + j] (fp32), cast to out's dtype."""
+def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, TOP_K, stride_ys, stride_ym, stride_om,
+                     SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """out[m] = sum over active routes r of token m and over the down GEMM's SPLITS partials of y[split, r]
+    (fp32), cast to out's dtype."""
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
@@ -237,7 +260,9 @@ def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, TOP_K, stride_ym, stride_om, BL
     for j in range(TOP_K):
         r = m * TOP_K + j
         if tl.load(ids_ptr + r) >= 0:
-            acc += tl.load(y_ptr + r.to(tl.int64) * stride_ym + offs, mask=mask, other=0.0)
+            for sp in tl.static_range(SPLITS):
+                acc += tl.load(y_ptr + sp * stride_ys + r.to(tl.int64) * stride_ym + offs, mask=mask,
+                               other=0.0)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -266,6 +291,8 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
          f"a power-of-two multiple of the {SCALE_BLOCK} scale block, at most 1024"),
         ("SPLIT_K", isinstance(cfg["SPLIT_K"], int) and not isinstance(cfg["SPLIT_K"], bool)
          and 1 <= cfg["SPLIT_K"] <= 64, "an int in [1, 64]"),
+        ("SWAP_AB", cfg["SWAP_AB"] in (0, 1) and (cfg["SWAP_AB"] == 0 or cfg["ALGO"] == "grouped"),
+         "0 or 1 (1 only for ALGO 'grouped')"),
         ("num_warps", _pow2(cfg["num_warps"]) and cfg["num_warps"] <= 16, "a power of two in [1, 16]"),
         ("num_stages", isinstance(cfg["num_stages"], int) and not isinstance(cfg["num_stages"], bool)
          and 1 <= cfg["num_stages"] <= 8, "an int in [1, 8]"),
@@ -307,27 +334,34 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                    aligned: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """``out[r, :] = (topk_weights[r] *) a[r // a_row_div] @ dequant(w[topk_ids[r]]).T`` for every route r.
 
-    Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32 [R, N]; it is
-    zeroed first when SPLIT_K > 1. ``aligned`` is ``align_routes``' result for the grouped algorithm
-    (computed here when None). Rows of inactive routes are zero."""
+    Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32, either
+    [SPLIT_K, R, N] (one partial sum per K split, left for the consumer to add: no atomics, no zeroing)
+    or [R, N] (the partials are then added here). ``aligned`` is ``align_routes``' result for the
+    grouped algorithm (computed here when None). Rows of inactive routes are zero."""
     cfg = check_gemm_config(config)
+    split = cfg["SPLIT_K"]
+    if out.dim() == 2 and split > 1:
+        partials = torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
+        fp8_block_gemm(a, w, w_scale, topk_ids, partials, cfg, a_row_div=a_row_div,
+                       topk_weights=topk_weights, aligned=aligned)
+        return torch.sum(partials, dim=0, out=out)
+    parts = out if out.dim() == 3 else out.unsqueeze(0)
+    if parts.shape[0] != split:
+        raise ValueError(f"out must be [{split}, R, N] for SPLIT_K {split}, got {tuple(out.shape)}")
     ids = topk_ids.reshape(-1)
     rw = topk_weights.reshape(-1) if topk_weights is not None else ids
-    routes, n = out.shape
+    routes, n = parts.shape[1:]
     k = w.shape[2]
     if routes == 0:
         return out
-    split = cfg["SPLIT_K"]
-    if split > 1:
-        out.zero_()
     common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
                   BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_K=split,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    strides = (a.stride(0), a.stride(1), *w.stride(), *w_scale.stride(), out.stride(0))
+    strides = (a.stride(0), a.stride(1), *w.stride(), *w_scale.stride(), parts.stride(0), parts.stride(1))
     n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
     if cfg["ALGO"] == "route":
         _route_gemm_kernel[(routes, n_tiles, split)](
-            a, w, w_scale, ids, rw, out, n, k, a_row_div, *strides, **common)
+            a, w, w_scale, ids, rw, parts, n, k, a_row_div, *strides, **common)
         return out
     if aligned is None:
         aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"])
@@ -335,34 +369,39 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     # the Triton interpreter's bf16 tl.dot is wrong (3.9); it runs the dot in fp32 instead
     interpreter_bf16 = a.dtype == torch.bfloat16 and interpreter_active()
     nb = block_expert.numel()
-    zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"]) if split == 1 else 0
+    zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"])
     _grouped_gemm_kernel[(nb + zero_programs, n_tiles, split)](
-        a, w, w_scale, ids, sorted_ids, block_expert, rw, out, n, k, routes, nb, a_row_div, *strides,
-        BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], DOT_FP32=a.dtype == torch.float32 or interpreter_bf16, **common)
+        a, w, w_scale, ids, sorted_ids, block_expert, rw, parts, n, k, routes, nb, a_row_div, *strides,
+        BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], SWAP_AB=bool(cfg["SWAP_AB"]),
+        DOT_FP32=a.dtype == torch.float32 or interpreter_bf16, **common)
     return out
 
 
 def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, activation: str,
                           limit: float | None = None) -> torch.Tensor:
-    """``out [R, I] = act(gu[:, :I], gu[:, I:])`` per active route, zeros for inactive ones."""
+    """``out [R, I] = act(gate, up)`` per active route, zeros for inactive ones; ``gu`` is the gate/up
+    output, [R, 2I] or [splits, R, 2I] partial sums."""
     routes, inter = out.shape
+    parts = gu if gu.dim() == 3 else gu.unsqueeze(0)
     if routes:
         block = min(1024, triton.next_power_of_2(inter))
         _gated_act_kernel[(routes, triton.cdiv(inter, block))](
-            gu, out, topk_ids.reshape(-1), inter, gu.stride(0), out.stride(0),
-            float(limit) if limit is not None else 0.0,
+            parts, out, topk_ids.reshape(-1), inter, parts.stride(0), parts.stride(1), out.stride(0),
+            float(limit) if limit is not None else 0.0, SPLITS=parts.shape[0],
             ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block, num_warps=4)
     return out
 
 
 def sum_topk(y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out [M, H] = sum_j y[m * top_k + j]`` over active routes."""
+    """``out [M, H] = sum_j y[m * top_k + j]`` over active routes; ``y`` is [R, H] or [splits, R, H]."""
     m, h = out.shape
+    parts = y if y.dim() == 3 else y.unsqueeze(0)
     if m:
-        top_k = y.shape[0] // m
+        top_k = parts.shape[1] // m
         block = min(1024, triton.next_power_of_2(h))
         _sum_topk_kernel[(m, triton.cdiv(h, block))](
-            y, topk_ids.reshape(-1), out, h, top_k, y.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+            parts, topk_ids.reshape(-1), out, h, top_k, parts.stride(0), parts.stride(1), out.stride(0),
+            SPLITS=parts.shape[0], BLOCK=block, num_warps=4)
     return out
 
 
@@ -472,22 +511,28 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
             raise ValueError(f"topk_ids must lie in [-1, {e}), got values in [{lo}, {hi}]")
     if m == 0:
         return x.new_empty((0, h))
-    routes = m * top_k
-    dev = x.device
-    buffers = {"gate_up": torch.empty(routes, 2 * inter, dtype=torch.float32, device=dev),
-               "act": torch.empty(routes, inter, dtype=x.dtype, device=dev),
-               "down": torch.empty(routes, h, dtype=torch.float32, device=dev),
-               "out": torch.empty(m, h, dtype=x.dtype, device=dev)}
+    buffers = layer_buffers(m, top_k, h, inter, x.dtype, cfg, x.device)
     return decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, cfg, buffers,
                            activation, swiglu_limit)
+
+
+def layer_buffers(m: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype,
+                  config: Mapping[str, dict], device) -> dict[str, torch.Tensor]:
+    """Uninitialised buffers for ``decode_moe_into``: fp32 K-split partials of both GEMMs, the activation
+    in x's dtype, the output. Sizes depend only on M, top_k, the shapes and the config."""
+    routes = m * top_k
+    return {"gate_up": torch.empty(config["gate_up"]["SPLIT_K"], routes, 2 * inter, device=device),
+            "act": torch.empty(routes, inter, dtype=dtype, device=device),
+            "down": torch.empty(config["down"]["SPLIT_K"], routes, hidden, device=device),
+            "out": torch.empty(m, hidden, dtype=dtype, device=device)}
 
 
 def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, config: Mapping[str, dict],
                     buffers: Mapping[str, torch.Tensor], activation: str = "silu",
                     swiglu_limit: float | None = None) -> torch.Tensor:
     """The launches of ``fp8_decode_moe`` on checked inputs and resolved configs, writing the caller's
-    ``buffers`` (fp32 "gate_up" [R, 2I], "act" [R, I] in x's dtype, fp32 "down" [R, H], "out" [M, H]),
-    so a CUDA-graph test can poison every intermediate before a replay. Returns ``buffers["out"]``."""
+    ``buffers`` (``layer_buffers``), so a CUDA-graph test can poison every intermediate before a replay.
+    Returns ``buffers["out"]``."""
     e, top_k = w13.shape[0], topk_ids.shape[1]
     ids = topk_ids.reshape(-1).contiguous()
     rw = topk_weights.reshape(-1).contiguous()
