@@ -277,12 +277,12 @@ def _write(path: Path, doc: dict, result: ExportResult) -> None:
 def export(db: str | Path, out: str | Path = "configs", *, kernels: Iterable[str] = (),
            device: str | None = None, arch_device: str | None = None) -> ExportResult:
     """Write the store's best configs into tables under ``out``; bad rows are reported, not exported."""
+    from .problems import resolve_kernels
     from .store import Store
 
     db, out = Path(db), Path(out)
-    kernels = list(kernels)
-    for k in kernels:
-        get_spec(k)  # unknown --kernel: ValueError naming it
+    # a family name ("fp4_prefill") means all its ops; an unknown name is a ValueError naming it
+    kernels = [s.name for s in resolve_kernels(list(kernels))] if kernels else []
     if device is not None:
         tables.check_device_name(device, "--device")
     store = Store(db, create=False)

@@ -173,6 +173,8 @@ def test_bad_arguments(tmp_path):
     fill(tmp_path / "r.sqlite", [row(DEFAULT, 2.0)])
     with pytest.raises(ValueError, match="unknown kernel"):
         export(tmp_path / "r.sqlite", tmp_path, kernels=["nope.kernel"])
+    assert export(tmp_path / "r.sqlite", tmp_path / "c", kernels=["toy"]).files  # a family name
+    assert export(tmp_path / "r.sqlite", tmp_path / "d", kernels=["gather_rows"]).files == []
     with pytest.raises(ValueError, match="--device"):
         export(tmp_path / "r.sqlite", tmp_path, device="a/b")
 

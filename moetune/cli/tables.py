@@ -33,7 +33,7 @@ def export(
     db: Annotated[Path, typer.Option(help="results store to read")] = Path("results/moetune.sqlite"),
     out: Annotated[Path, typer.Option(help="tables root to write into")] = Path("configs"),
     kernel: Annotated[list[str] | None, typer.Option(
-        help="kernel op(s) to export (repeat or comma-separate); default all")] = None,
+        help="kernel op(s) or families to export (repeat or comma-separate); default all")] = None,
     device: Annotated[str | None, typer.Option(help="only measurements from this device name")] = None,
     arch_device: Annotated[str | None, typer.Option(
         help="device whose results fill the arch tables (default: the most measured one)")] = None,
