@@ -76,6 +76,11 @@ def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Point:
     return Point(spec, problem, cands, pruned, dict(spec.default))
 
 
+def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
+    """Constrain every problem's space up front: bad input fails before a store or worker is touched."""
+    return [plan_point(get_spec(p.kernel), p, device) for p in problems]
+
+
 class Sweep:
     """Runs problems through a strategy, a runner and a store."""
 
@@ -111,10 +116,11 @@ class Sweep:
         return row
 
     # ---- the sweep -----------------------------------------------------------------------------------------
-    def plan(self, problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
-        """Constrain every problem's space up front: bad input fails before anything is measured."""
+    def plan(self, problems: Sequence[Problem] | Sequence[Point], device: DeviceInfo) -> list[Point]:
+        """Take the problems (or points already planned by :func:`plan_points`) and what the store holds."""
         self.device = device
-        self.points = [plan_point(get_spec(p.kernel), p, device) for p in problems]
+        self.points = [p if isinstance(p, Point) else plan_point(get_spec(p.kernel), p, device)
+                       for p in problems]
         for pt in self.points:
             stored = self._stored(pt.problem)
             pt.already = len(stored)

@@ -47,6 +47,8 @@ class CrashySpec(KernelSpec):
         return {"E": e, "N": i, "K": 64, "top_k": model.top_k}
 
     def constraint(self, config, problem: Problem, device) -> str | None:
+        if problem.shape["K"] == 1:
+            return "K=1 leaves nothing to tune"
         if config["mode"] == "pruned":
             return "pruned by the test constraint"
         if config["mode"] == "ima" and not device.is_gpu:

@@ -146,22 +146,26 @@ def sweep(
     from ..problems import build_plan
     from ..runner import Runner
     from ..store import Store
-    from ..sweep import Sweep
+    from ..strategies import get_strategy
+    from ..sweep import Sweep, plan_points
 
-    with user_errors():
+    with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         device = device_info()
         plan = build_plan(split_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
                           tokens=split_list(tokens, int), routes=split_list(routes, int),
                           active=split_list(active, float), routing=split_list(routing), device=device)
+        get_strategy(strategy)
+        if budget is not None and budget < 1:
+            raise ValueError(f"--budget must be >= 1, got {budget}")
+        points = plan_points(plan.problems, device)
         runner = Runner(timeout=timeout, jobs=jobs)
-        store = Store(db)
         try:
-            sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed)
-            points = sw.plan(plan.problems, device)
+            store = Store(db)
         except ValueError:
-            store.close()
             runner.close()
             raise
+        sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed)
+        points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")

@@ -1,0 +1,142 @@
+"""End-to-end sweeps through the interpreter: every built-in op, crash isolation, resume, two writers."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import crashy_spec  # noqa: F401  (registers test.crashy and test.steady)
+import pandas as pd
+import pytest
+
+from moetune.models import get_model
+from moetune.runner import Runner
+from moetune.spec import all_specs, canonical_json
+from moetune.store import STATUSES, Store
+from moetune.sweep import Sweep
+
+TESTS = Path(__file__).parent
+BUILTIN = [s.name for s in all_specs() if type(s).__module__.startswith("moetune.specs.")]
+CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import crashy_spec; "
+       "from moetune.cli import main; main()")
+
+
+def sweep(db, kernel, tokens, *, jobs=0, timeout=30.0, **kw):
+    spec = next(s for s in all_specs() if s.name == kernel)
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), t) for t in tokens]
+    with Store(db) as store, Runner(timeout=timeout, jobs=jobs) as runner:
+        points = Sweep(store, runner, **kw).run(problems)
+        return points, store.frame()
+
+
+@pytest.mark.parametrize("kernel", BUILTIN)
+def test_each_builtin_op_sweeps_in_the_interpreter(tmp_path, kernel):
+    # The default plus one random candidate: the interpreter takes seconds per GEMM run.
+    budget = 2 if kernel == "gather_rows" else 1
+    points, rows = sweep(tmp_path / "r.sqlite", kernel, [1], strategy="random", budget=budget, seed=1)
+    spec = points[0].spec
+    assert len(rows) == budget and rows["config"].nunique() == budget
+    assert set(rows["status"]) <= set(STATUSES)
+    first = rows.iloc[0]
+    assert json.loads(first["config"]) == spec.default  # the shipped default, measured first
+    assert first["status"] == "ok", first["reason"]
+    ok = rows[rows["status"] == "ok"]
+    assert (ok["time_ms"] > 0).all() and (ok["n_runs"] >= 1).all()
+    assert (ok["error"] == 0).all() if spec.exact else (ok["error"] <= spec.tolerance).all()
+    assert (rows["arch"] == "interpreter").all() and (rows["bytes"] > 0).all()
+    assert points[0].baseline is not None and points[0].best is not None
+
+
+EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
+            "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
+
+
+@pytest.mark.parametrize("jobs", [0, 1], ids=["measure-stage", "compile-stage"])
+def test_crash_isolation(tmp_path, jobs):
+    points, rows = sweep(tmp_path / "r.sqlite", "test.crashy", [2], jobs=jobs, timeout=3.0)
+    records = [{**r, **json.loads(r["config"])} for r in rows.to_dict("records")]
+    got = {r["mode"]: r for r in records if r["v"] == 0}
+    assert {m: r["status"] for m, r in got.items()} == EXPECTED
+    assert len(rows) == len(points[0].candidates) == 10  # 3 ok variants + 7 failing modes, 20 pruned
+    assert points[0].pruned == 20
+    assert "SIGABRT" in got["abort"]["reason"] and "SIGSEGV" in got["segv"]["reason"]
+    assert "no result within" in got["hang"]["reason"]
+    assert pd.isna(got["wrong"]["time_ms"]) and got["wrong"]["error"] > 0.1  # rejected, never timed
+    compiled = {m for m, r in got.items() if str(r["reason"]).startswith("while compiling")}
+    assert compiled == ({"raise", "refuse", "compile", "abort", "segv", "hang"} if jobs else set())
+    assert (rows[rows["status"] == "ok"]["time_ms"] > 0).all() and (rows["status"] == "ok").sum() == 3
+    assert points[0].best.ok
+
+
+def _cli(db, *args, sleep="0"):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CRASHY_SLEEP": sleep}
+    cmd = [sys.executable, "-c", CLI, str(TESTS), "sweep", "--kernel", "test.steady", "--model", "tiny",
+           "--tokens", "1", "--db", str(db), "--quiet", *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_rows(db, n, proc, limit=120):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if db.exists():
+            with Store(db) as s:
+                if s.count() >= n:
+                    return
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    raise AssertionError("sweep made no progress")
+
+
+def _each_once(db):
+    with Store(db) as s:
+        rows = s.frame()
+    keys = list(zip(rows["tokens"], rows["config"], strict=True))
+    assert len(keys) == len(set(keys)) == 6  # every config exactly once
+    return rows
+
+
+def test_resume_after_sigkill(tmp_path):
+    db = tmp_path / "r.sqlite"
+    proc = _cli(db, sleep="0.4")
+    _wait_rows(db, 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    with Store(db) as s:
+        before = s.frame()
+    assert 2 <= len(before) < 6
+    again = _cli(db)
+    out, _ = again.communicate(timeout=240)
+    assert again.returncode == 0, out
+    rows = _each_once(db)
+    kept = rows[rows["id"].isin(before["id"])]
+    assert kept.equals(before)  # nothing measured before the kill was lost or redone
+    assert rows["sweep_id"].nunique() == 2
+
+
+def test_two_sweeps_on_one_store(tmp_path):
+    db = tmp_path / "r.sqlite"
+    with Store(db):
+        pass  # both start from an existing store
+    a, b = _cli(db, sleep="0.3"), _cli(db, sleep="0.3")
+    for p in (a, b):
+        out, _ = p.communicate(timeout=240)
+        assert p.returncode == 0, out
+    rows = _each_once(db)
+    assert set(rows["status"]) == {"ok"}
+    with Store(db) as s:  # every claim was released
+        assert s._conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0
+
+
+def test_rerun_measures_nothing_new(tmp_path):
+    db = tmp_path / "r.sqlite"
+    spec = crashy_spec.STEADY
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), 1)]
+    with Store(db) as store, Runner(timeout=30) as runner:
+        first = Sweep(store, runner).run(problems)
+        again = Sweep(store, runner).run(problems)
+        rows = store.frame()
+    assert len(rows) == 6 and sum(again[0].counts.values()) == 0 and again[0].already == 6
+    assert canonical_json(again[0].best.config) == canonical_json(first[0].best.config)
