@@ -98,10 +98,17 @@ def _each_once(db):
     return rows
 
 
-def test_resume_after_sigkill(tmp_path):
+def test_ctrl_c_then_sigkill_then_resume(tmp_path):
     db = tmp_path / "r.sqlite"
     proc = _cli(db, sleep="0.4")
-    _wait_rows(db, 2, proc)
+    _wait_rows(db, 1, proc)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: stops cleanly, keeps what it measured
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
+    with Store(db) as s:
+        n = s.count()
+    proc = _cli(db, sleep="0.4")
+    _wait_rows(db, n + 1, proc)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(30)
     with Store(db) as s:
@@ -113,7 +120,7 @@ def test_resume_after_sigkill(tmp_path):
     rows = _each_once(db)
     kept = rows[rows["id"].isin(before["id"])]
     assert kept.equals(before)  # nothing measured before the kill was lost or redone
-    assert rows["sweep_id"].nunique() == 2
+    assert rows["sweep_id"].nunique() == 3
 
 
 def test_two_sweeps_on_one_store(tmp_path):

@@ -1,0 +1,106 @@
+"""``moetune sweep`` and ``moetune results`` through typer's test runner: output, store, bad input."""
+
+import hashlib
+
+import crashy_spec  # noqa: F401  (registers test.crashy and test.steady)
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from moetune.cli import app
+from moetune.store import Store
+
+
+@pytest.fixture
+def cli():
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, [str(a) for a in args])
+
+
+def test_sweep_then_results(cli, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = cli("sweep", "--kernel", "test.steady", "--model", "deepseek-v3", "--tp", "8", "--tokens", "1",
+              "--strategy", "random", "--budget", "3", "--db", db)
+    assert res.exit_code == 0, res.output
+    out = res.output
+    assert "interpreter" in out and "times are meaningless" in out and "'tiny' model" in out
+    assert "sweep summary" in out and "3 measurement(s) written" in out
+    with Store(db) as s:
+        rows = s.frame()
+    assert list(rows["status"]) == ["ok"] * 3 and rows["strategy"].eq("random").all()
+    assert rows.iloc[0]["config"] == '{"mode":"ok","v":0}'  # the default first
+
+    again = cli("sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
+                "--strategy", "random", "--budget", "3", "--db", db, "--quiet")
+    assert again.exit_code == 0 and "0 measurement(s) written" in again.output  # resumed: nothing left
+
+    csv = tmp_path / "out.csv"
+    res = cli("results", "--db", db, "--kernel", "test", "--status", "ok", "--csv", csv)
+    assert res.exit_code == 0, res.output
+    assert "3 row(s)" in res.output and "ok 3" in res.output
+    assert len(csv.read_text().strip().splitlines()) == 4
+    res = cli("results", "--db", db, "--status", "crash")
+    assert res.exit_code == 0 and "0 row(s)" in res.output
+    res = cli("results", "--db", db, "--device", "some other gpu", "--limit", "0")
+    assert res.exit_code == 0 and "0 row(s)" in res.output
+
+
+def test_results_parquet(cli, tmp_path):
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add({"kernel": "k", "device_name": "d", "shape": {"E": 1}, "tokens": 1, "routes": 1,
+               "active_fraction": 1.0, "routing": "uniform", "config": {"a": 1}, "status": "ok"})
+    res = cli("results", "--db", db, "--parquet", tmp_path / "o.parquet")
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        assert res.exit_code == 2 and "pyarrow" in res.output and "Traceback" not in res.output
+    else:
+        assert res.exit_code == 0 and (tmp_path / "o.parquet").exists()
+
+
+def _trace(tmp_path):
+    path = tmp_path / "trace.npy"
+    np.save(path, np.zeros((4, 3), dtype=np.int64))  # top_k 3, but the tiny model routes to 2
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", "nope", "--model", "tiny"], "unknown kernel 'nope'"),
+    (["--kernel", "test.steady", "--model", "gpt-9"], "unknown model 'gpt-9'"),
+    (["--kernel", "test.steady", "--model", "tiny", "--strategy", "annealing"], "unknown strategy"),
+    (["--kernel", "test.steady", "--shape", "E=2,N=8,K=8,top_k=4"], "top_k 4 exceeds"),
+    (["--kernel", "test.steady", "--model", "deepseek-v3", "--tp", "3"], "does not divide"),
+    (["--kernel", "test.crashy", "--shape", "E=4,N=8,K=1,top_k=2"], "no candidate config passes"),
+    (["--kernel", "test.steady", "--model", "tiny", "--tokens", "a,b"], "cannot parse list"),
+    (["--kernel", "test.steady", "--model", "tiny", "--budget", "0"], "--budget"),
+    (["--kernel", "test.steady", "--model", "tiny", "--timeout", "0"], "--timeout"),
+    (["--kernel", "test.steady", "--model", "tiny", "--routing", "trace:TRACE"], "expected [tokens, 2]"),
+])
+def test_bad_input_one_line_no_store(cli, tmp_path, args, message):
+    db = tmp_path / "r.sqlite"
+    args = [a.replace("TRACE", str(_trace(tmp_path))) for a in args]
+    res = cli("sweep", *args, "--db", db)
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+    assert res.output.strip().startswith("error:")
+    assert not db.exists()  # nothing created, nothing damaged
+
+
+@pytest.mark.parametrize("content", [b"", b"SQLite format 3\x00 but truncated garbage", b"hello"])
+def test_foreign_database_is_left_alone(cli, tmp_path, content):
+    db = tmp_path / "precious.db"
+    db.write_bytes(content or b"plain text notes")
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    for cmd in (["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1"], ["results"]):
+        res = cli(*cmd, "--db", db)
+        assert res.exit_code == 2 and "error:" in res.output and str(db) in res.output, res.output
+        assert "Traceback" not in res.output
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+def test_results_needs_an_existing_store(cli, tmp_path):
+    res = cli("results", "--db", tmp_path / "none.sqlite")
+    assert res.exit_code == 2 and "no results database" in res.output
+    res = cli("results", "--db", tmp_path / "none.sqlite", "--status", "great")
+    assert res.exit_code == 2
