@@ -42,6 +42,7 @@ class FileResult:
 class ExportResult:
     files: list[FileResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # "file: field: message", one per bad value
+    notes: list[str] = field(default_factory=list)  # nothing wrong, nothing written (e.g. all rejected)
 
 
 @dataclass
@@ -306,8 +307,8 @@ def export(db: str | Path, out: str | Path = "configs", *, kernels: Iterable[str
         spec = rows[0]["spec"]
         doc = _device_table(spec, dev, arch, rows[0]["shape"], rows)
         if not doc["entries"]:
-            result.problems.append(f"{db}: {kernel} {tables.shape_stem(doc['shape'])} on {dev}: "
-                                   "no accurate measurement to export")
+            result.notes.append(f"{kernel} {tables.shape_stem(doc['shape'])} on {dev}: "
+                                "no accurate measurement to export")
             continue
         _write(tables.table_path(out, arch, kernel, doc["shape"], device=dev), doc, result)
         by_arch[(kernel, arch, tables.shape_stem(doc["shape"]))].append(doc)

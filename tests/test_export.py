@@ -111,6 +111,15 @@ def test_points_of_one_density_form_one_entry(tmp_path):
     assert (e["tokens"], e["active_fraction"], e["routing"]) == (4, 1.0, "uniform")  # reported at uniform
 
 
+def test_a_shape_with_no_accurate_measurement_is_a_note_not_a_file(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, None, status="timeout"), row(cfg(16), 1.0, status="inaccurate", error=0.4)])
+    result = export(db, out)
+    assert result.files == [] and result.problems == []
+    assert result.notes and "no accurate measurement" in result.notes[0]
+    assert not out.exists()
+
+
 def test_without_a_default_measurement_the_best_is_exported_without_speedup(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(cfg(16), 1.0), row(cfg(32), 1.5)])

@@ -57,6 +57,8 @@ def export(
             elif c.status == "added":
                 console.print(f"  density {c.density:g}: added {_fmt_config(dict(c.new_config))}",
                               highlight=False)
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
     for p in result.problems:
         err_console.print(f"[red]problem:[/] {p}", highlight=False, soft_wrap=True)
     if not result.files and not result.problems:
