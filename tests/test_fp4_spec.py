@@ -40,14 +40,18 @@ def test_constraints():
     assert sum(spec.constraint(c, prob, INTERPRETER) is None for c in spec.candidates()) > 100
 
 
-def test_heuristic_tracks_density_below_sm90():
+def test_heuristic_tracks_density():
     for op in OPS:
         spec = get_spec(op)
         shape = {"E": 256, "N": 2048, "K": 4096, "top_k": 6}
         picks = [spec.heuristic(shape, r, "sm_89") for r in (1536, 6144, 24576)]
         assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 32, 128]
         assert all(p["BLOCK_SIZE_K"] == 128 for p in picks)
-        for p in picks + [spec.heuristic(shape, 1536, "sm_90"), spec.heuristic(shape, 1536, "interpreter")]:
+        hopper = [spec.heuristic(shape, r, "sm_90") for r in (1536, 6144, 24576)]
+        assert [p["BLOCK_SIZE_M"] for p in hopper] == [16, 64, 128]  # measured on the H200
+        assert all(p["DECODE"] == "fp8" for p in hopper)
+        assert spec.heuristic(shape, 1536, "interpreter") == spec.default
+        for p in picks + hopper:
             spec.check_config(p)
 
 

@@ -1,26 +1,31 @@
 """The grouped GEMM of the FP4 prefill path: fp8 activations x MXFP4 expert weights, fp32 accumulation.
 
 One program per (M-block, N-tile) of the expert-aligned routes (see ``moe_align``);
-programs past the padded count exit before reading anything.
+programs past the padded count exit before reading anything. E2M1 codes are decoded
+inside the K loop with integer ops and no lookup table; two switches pick how.
 
-Every decode starts the same way: each E2M1 code becomes the e4m3 byte
-``sign << 7 | code_magnitude << 2``, whose value is exactly ``e2m1 * 2^-6`` (codes 0
-and 1 land on e4m3 subnormals), so no lookup table and no select is needed.
-``UNPACK`` picks how: ``join`` (Triton byte ops, then ``tl.join`` of the low and high
-nibbles' bytes) or ``asm`` (the same bit ops on four packed bytes per 32-bit register,
-8 codes in ~6 instructions; the CPU interpreter runs the ``join`` code instead).
+``UNPACK`` (how codes leave their bytes):
 
-``DECODE`` then picks how the UE8M0 scale per 32 is applied:
+- ``join``: nibbles split with ``& 0xF`` / ``>> 4`` and interleaved by ``tl.join``; a code
+  becomes the fp16 bits ``sign << 15 | magnitude << 9``, exactly ``e2m1 * 2^-14``
+  (codes 0 and 1 land on fp16 subnormals).
+- ``asm``: four packed bytes per 32-bit register become the e4m3 bytes
+  ``sign << 7 | magnitude << 2`` of both nibbles (exactly ``e2m1 * 2^-6``) in a handful of
+  PTX instructions. The CPU interpreter runs the same bit ops as Triton code instead.
 
-- ``fp8_scaled``: the raw e4m3 weights go to the fp8 tensor cores one 32-wide K group
-  at a time; each group's fp32 dot is scaled by ``2^(scale - 121)`` per column, each
-  128-wide chunk's sum by ``x_scale`` per row. Exact for every scale code <= 248.
+``DECODE`` (how the UE8M0 scale per 32 is applied):
+
 - ``fp8``: each K chunk's weights re-based on the row's largest scale in the chunk
-  (``e2m1 * 2^(1 - d)``, d = smax - s, one fp16 multiply) and rounded to e4m3: one dot
-  per chunk, rescaled by ``x_scale[m] * 2^(smax[n] - 128)``. Exact while a chunk's
-  scales differ by at most 9 (beyond, values under 2^-9 of the chunk's largest round).
-- ``bf16``: weights widened and multiplied by ``2^(scale - 121)`` into bf16, activations
-  ``q * x_scale`` (exact in bf16); one bf16 dot per chunk, no rescaling.
+  (``e2m1 * 2^(1 - d)``, d = smax - s, one fp16 multiply) and rounded to e4m3, one fp8
+  tensor-core dot per chunk against the raw e4m3 activations, rescaled by
+  ``x_scale[m] * 2^(smax[n] - 128)``. Exact while a chunk's scales differ by at most 9
+  (beyond, values under 2^-9 of the chunk's largest round). Scale codes >= 2.
+- ``fp8_scaled``: the e4m3 bytes of ``asm``/its Triton twin go to the tensor cores one
+  32-wide K group at a time; each group's fp32 dot is scaled by ``2^(scale - 121)`` per
+  column, each chunk by ``x_scale`` per row. Exact; scale codes <= 248.
+- ``bf16``: weights widened to fp32, multiplied by their power-of-two scale and rounded
+  to bf16 (exact); activations ``q * x_scale`` (exact in bf16); one bf16 dot per chunk.
+  Scale codes <= 240.
 
 ``fp8`` and ``fp8_scaled`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
 """
@@ -36,7 +41,7 @@ DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2}
 UNPACKS = {"join": 0, "asm": 1}
 
 # Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
-_E2M1_TO_E4M3_ASM = """
+_E2M1_TO_E4M3_ASM = tl.constexpr("""
 {
 .reg .b32 t0, t1;
 shl.b32 t0, $2, 2;
@@ -49,7 +54,7 @@ and.b32 t0, t0, 0x1C1C1C1C;
 and.b32 t1, $2, 0x80808080;
 or.b32 $1, t0, t1;
 }
-"""
+""")
 
 
 @triton.jit
@@ -71,9 +76,10 @@ def fp4_moe_gemm_kernel(
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     N, K, routes, num_blocks,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-    A_DIV: tl.constexpr, GATHERED: tl.constexpr, DECODE: tl.constexpr, USE_ASM: tl.constexpr,
+    A_DIV: tl.constexpr, GATHERED: tl.constexpr, DECODE: tl.constexpr, UNPACK: tl.constexpr,
+    USE_ASM: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, F32_DOT: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)
@@ -110,38 +116,58 @@ def fp4_moe_gemm_kernel(
             for g in tl.static_range(G):
                 kg = k0 + g * 32
                 offs_k = kg + tl.arange(0, 32)
-                a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :], other=0.0)
                 offs_b = kg // 2 + tl.arange(0, 16)
-                packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < K // 2)[None, :],
-                                 other=0)
-                s = tl.load(ws_rows + kg // 32, mask=n_ok & (offs_n * 0 + kg < K), other=0).to(tl.int32)
+                if EVEN_K:  # no K mask: lets the loads vectorize
+                    a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None], other=0.0)
+                    packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
+                    s = tl.load(ws_rows + kg // 32, mask=n_ok, other=0).to(tl.int32)
+                else:
+                    a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & (offs_k < K)[None, :],
+                                other=0.0)
+                    packed = tl.load(w_rows + offs_b[None, :],
+                                     mask=n_ok[:, None] & (offs_b < K // 2)[None, :], other=0)
+                    s = tl.load(ws_rows + kg // 32, mask=n_ok & (offs_n * 0 + kg < K), other=0).to(tl.int32)
                 b = _e4m3_raw(packed, BLOCK_SIZE_N, 32, USE_ASM)
                 wf = ((s + 6) << 23).to(tl.float32, bitcast=True)  # 2^(s - 121)
                 chunk += tl.dot(a, tl.trans(b)) * wf[None, :]
             acc += chunk * xs[:, None]
         else:
             offs_k = k0 + tl.arange(0, BLOCK_SIZE_K)
-            k_ok = offs_k < K
-            a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             offs_g = k0 // 32 + tl.arange(0, G)
-            s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None] & (offs_g < K // 32)[None, :],
-                        other=127).to(tl.int32)  # [BN, G]
             offs_b = k0 // 2 + tl.arange(0, BLOCK_SIZE_K // 2)
-            packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < K // 2)[None, :],
-                             other=0)
-            raw = tl.reshape(_e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM), (BLOCK_SIZE_N, G, 32))
+            if EVEN_K:
+                k_ok = offs_k >= 0
+                a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None], other=0.0)
+                s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None], other=127).to(tl.int32)
+                packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
+            else:
+                k_ok = offs_k < K
+                a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                s = tl.load(ws_rows[:, None] + offs_g[None, :],
+                            mask=n_ok[:, None] & (offs_g < K // 32)[None, :], other=127).to(tl.int32)
+                packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < K // 2)[None, :],
+                                 other=0)
+            # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
+            if UNPACK == 1:
+                w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM)
+                w16 = tl.reshape(w16, (BLOCK_SIZE_N, G, 32)).to(tl.float16)
+                W16_EXP: tl.constexpr = -6
+            else:
+                codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_SIZE_N, G, 32)).to(tl.int32)
+                w16 = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+                W16_EXP: tl.constexpr = -14
             if DECODE == 1:
                 smax = tl.max(s, axis=1)  # [BN]
-                d = tl.minimum(smax[:, None] - s, 21)
-                fac = ((22 - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(7 - d)
-                b = (raw.to(tl.float16) * fac[:, :, None]).to(tl.float8e4nv)  # e2m1 * 2^(1 - d), |b| <= 12
+                d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
+                fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(1-W16_EXP-d)
+                b = (w16 * fac[:, :, None]).to(tl.float8e4nv)  # e2m1 * 2^(1 - d), |b| <= 12
                 b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
                 wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
                 acc += tl.dot(a, tl.trans(b)) * xs[:, None] * wf[None, :]
             else:
-                fac = ((s + 6) << 23).to(tl.float32, bitcast=True)  # 2^(s - 121)
-                b = (raw.to(tl.float32) * fac[:, :, None]).to(tl.bfloat16)
+                fac = ((s - W16_EXP) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127 - W16_EXP)
+                b = (w16.to(tl.float32) * fac[:, :, None]).to(tl.bfloat16)
                 b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 if BLOCK_SIZE_K <= 128:
                     xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)[:, None]
@@ -174,9 +200,9 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         n, k, align.routes, blocks,
         a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
         out.stride(0),
-        A_DIV=a_div, GATHERED=gathered, DECODE=DECODES[config["DECODE"]],
+        A_DIV=a_div, GATHERED=gathered, DECODE=DECODES[config["DECODE"]], UNPACK=UNPACKS[config["UNPACK"]],
         USE_ASM=UNPACKS[config["UNPACK"]] == 1 and not interp,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
-        GROUP_SIZE_M=config["GROUP_SIZE_M"], F32_DOT=interp,
+        GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )

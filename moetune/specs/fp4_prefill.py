@@ -133,16 +133,24 @@ class Fp4PrefillSpec(KernelSpec):
 
     def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
         m = re.fullmatch(r"sm_(\d+)", arch)
-        if m is None or int(m.group(1)) >= 90:
-            return dict(self.default)
-        # Seed 004's rule, measured on sm_89: the M tile tracks rows per expert, wide K tiles.
         density = routes / shape["E"]
+        if m is None:
+            return dict(self.default)
+        if int(m.group(1)) >= 90:
+            # Measured on an H200 (results/fp4_prefill.md, DeepSeek-V4-Flash TP=2): the re-based
+            # fp8 decode wins at every density; the M tile follows rows per expert.
+            if density <= 12:
+                tile = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64 if self.gemm == "gate_up" else 128, num_warps=4)
+            elif density <= 48:
+                tile = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=8)
+            else:
+                tile = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8)
+            return dict(self.default, **tile, BLOCK_SIZE_K=128, DECODE="fp8", UNPACK="join")
+        # Seed 004's rule, measured on sm_89: the M tile tracks rows per expert, wide K tiles.
         bm = 16 if density <= 16 else 32 if density <= 48 else 128
-        cfg = dict(DEFAULT, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=64 if bm == 16 and self.gemm == "gate_up" else 128,
-                   BLOCK_SIZE_K=128, num_warps=8 if bm >= 128 else 4)
-        if self.gemm == "down":
-            cfg.pop("A_LAYOUT")
-        return cfg
+        return dict(self.default, BLOCK_SIZE_M=bm,
+                    BLOCK_SIZE_N=64 if bm == 16 and self.gemm == "gate_up" else 128,
+                    BLOCK_SIZE_K=128, num_warps=8 if bm >= 128 else 4)
 
     # ---- inputs -------------------------------------------------------------------------
     def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
