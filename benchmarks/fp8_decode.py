@@ -41,21 +41,28 @@ def route(bn, bk, split, warps=4, stages=1):
                 num_stages=stages)
 
 
-def grouped(bm, bn, bk, split, warps=4, stages=3):
-    return dict(ALGO="grouped", BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split,
-                num_warps=warps, num_stages=stages)
+def grouped(bm, bn, bk, split, warps=4, stages=3, swap=0, algo="grouped"):
+    return dict(ALGO=algo, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split,
+                SWAP_AB=swap, num_warps=warps, num_stages=stages)
+
+
+def expert(*args, **kw):
+    return grouped(*args, **kw, algo="expert")
 
 
 SWEEP = [
     route(16, 128, 1, 4, 1),  # shipped default
-    route(32, 512, 4), route(32, 512, 4, 4, 3), route(64, 512, 4), route(32, 1024, 2), route(128, 512, 4, 8),
-    route(32, 512, 7), route(16, 512, 7), route(64, 256, 7), route(32, 256, 4), route(64, 256, 4),
+    route(32, 512, 4), route(32, 512, 4, 4, 3), route(64, 512, 4), route(128, 512, 4, 8),
+    route(32, 512, 7), route(32, 512, 14), route(16, 1024, 7), route(64, 512, 14, 8), route(64, 256, 4),
     route(64, 256, 1), route(128, 256, 1, 8), route(32, 256, 1), route(64, 128, 1),
-    grouped(16, 64, 128, 1), grouped(16, 64, 128, 1, 4, 4), grouped(16, 64, 128, 1, 4, 5),
-    grouped(16, 128, 128, 1), grouped(16, 128, 128, 1, 8, 3), grouped(16, 64, 256, 1),
-    grouped(16, 64, 256, 2),
-    grouped(16, 32, 128, 1, 4, 4), grouped(16, 64, 128, 2, 4, 5), grouped(16, 64, 128, 4),
-    grouped(16, 256, 128, 1, 8, 3), grouped(16, 64, 128, 1, 2, 4),
+    grouped(16, 64, 128, 1), grouped(16, 64, 128, 1, 4, 5), grouped(16, 128, 128, 1),
+    grouped(16, 64, 256, 2), grouped(16, 64, 128, 4), grouped(16, 256, 128, 1, 8, 3),
+    grouped(16, 64, 128, 1, 4, 3, 1), grouped(16, 128, 128, 1, 4, 3, 1), grouped(16, 64, 128, 4, 4, 3, 1),
+    grouped(16, 128, 256, 1, 4, 3, 1), grouped(32, 128, 128, 1, 4, 3, 1), grouped(16, 128, 128, 2, 4, 4, 1),
+    grouped(16, 128, 128, 1, 8, 4, 1), grouped(16, 64, 128, 2, 4, 4, 1),
+    expert(16, 64, 128, 1), expert(16, 128, 128, 1), expert(16, 64, 128, 2), expert(16, 64, 256, 2),
+    expert(16, 64, 128, 1, 4, 3, 1), expert(16, 128, 128, 1, 4, 3, 1), expert(16, 128, 128, 2, 4, 4, 1),
+    expert(16, 64, 128, 4, 4, 3, 1), expert(16, 128, 256, 1, 4, 3, 1),
 ]
 
 
@@ -138,10 +145,10 @@ def graph_check(device, smoke, log):
     x = torch.randn(M, H, generator=gen).to(device, torch.bfloat16)
     ids, rw = routes_for(M, E, 8, gen, device)
     results = []
-    for name, cfg in (("route", route(32, 256, 2)), ("grouped", grouped(16, 64, 128, 2)),
+    for name, cfg in (("route", route(32, 256, 2)), ("grouped", grouped(16, 64, 128, 2, swap=1)),
                       ("mixed", None)):
         conf = ({"gate_up": F.check_gemm_config(cfg), "down": F.check_gemm_config(cfg)} if cfg else
-                {"gate_up": F.check_gemm_config({**grouped(16, 64, 256, 1), "SWAP_AB": 1}),
+                {"gate_up": F.check_gemm_config(expert(16, 64, 256, 2, 4, 3, 1)),
                  "down": F.check_gemm_config(route(16, 128, 3))})
         bufs = F.layer_buffers(M, TOP_K, H, I, torch.bfloat16, conf, device)
 
@@ -154,7 +161,7 @@ def graph_check(device, smoke, log):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
                 layer()
-        for active in (8, 4, 0, 8, 2):
+        for active in ((8, 0) if smoke else (8, 4, 0, 8, 2)):
             new_ids, new_rw = routes_for(M, E, active, gen, device)
             ids.copy_(new_ids)
             rw.copy_(new_rw)
@@ -176,8 +183,8 @@ def gemm_sweep(device, smoke, log, reps, iters):
     """(c): per model, GEMM and token count, every SWEEP config; returns rows with the best marked."""
     rows = []
     models = {"tiny": dict(E=8, H=256, I=128)} if smoke else MODELS
-    sweep = SWEEP[:2] + SWEEP[15:17] if smoke else SWEEP
-    tokens_list = (1, 4) if smoke else TOKENS
+    sweep = SWEEP[:1] + SWEEP[20:21] + SWEEP[-5:-4] if smoke else SWEEP
+    tokens_list = (1,) if smoke else TOKENS
     for mname, dims in models.items():
         E, H, I = dims["E"], dims["H"], dims["I"]
         gen = torch.Generator().manual_seed(2)
@@ -259,7 +266,7 @@ def layer_bench(device, smoke, log, best, reps, iters):
                                            if (mname, g, tokens) in best else {}) for g in F.GEMMS}
             xs = [torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
             bufs = [F.layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, device) for _ in range(reps)]
-            for active in ((8, 2, 0) if smoke else ACTIVE):
+            for active in ((2,) if smoke else ACTIVE):
                 base = [routes_for(tokens, E, active, gen, device) for _ in range(reps)]
                 res = {}
                 for path in ("skip", "clamped"):
@@ -322,8 +329,9 @@ def main():
     log(f"{'model':16s} {'gemm':7s} {'tok':>4s} {'us':>8s} {'floor':>8s} {'roof':>6s}  config")
     for (m, g, t), r in sorted(best.items()):
         c = r["config"]
+        swap = " swapAB" if c.get("SWAP_AB") else ""
         desc = (f"{c['ALGO']} BM{c.get('BLOCK_SIZE_M', '-')} BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} "
-                f"S{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}")
+                f"S{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{swap}")
         log(f"{m:16s} {g:7s} {t:4d} {r['us']:8.2f} {r['roofline_us']:8.2f} {r['frac']:6.1%}  {desc}")
     log("\nwhole layer: skip (-1 ids) vs clamped (slot 0, weight 0)")
     log(f"{'model':16s} {'tok':>4s} {'act':>4s} {'skip us':>9s} {'clamp us':>9s} {'speedup':>8s}")

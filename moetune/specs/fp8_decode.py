@@ -1,9 +1,9 @@
 """Specs of the FP8 block-scale decode GEMMs: ``fp8_decode.gate_up`` and ``fp8_decode.down``.
 
 Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
-split-K, or "grouped" tensor-core blocks per expert) is a tuned parameter like the tiles,
-because the best one moves with route density. A grouped run includes its on-GPU routing
-step (``align_routes``), which a layer pays once for both GEMMs.
+split-K, "grouped" or "expert" tensor-core blocks per expert) is a tuned parameter like the
+tiles, because the best one moves with route density. A grouped run includes its on-GPU
+routing step (``align_routes``), which a layer pays once for both GEMMs.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "BLOCK_SIZE_N": [16, 32, 64, 128, 256],
         "BLOCK_SIZE_K": [128, 256, 512],
         "SPLIT_K": [1, 2, 4, 8, 16],
+        "SWAP_AB": [0, 1],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -73,14 +74,14 @@ class _Fp8DecodeGemm(KernelSpec):
         n, k = problem.shape["N"], problem.shape["K"]
         bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
         if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
-            return "BLOCK_SIZE_M only matters for ALGO grouped (route keeps the default, no duplicates)"
+            return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
         if bn > max(16, triton.next_power_of_2(n)):
             return f"BLOCK_SIZE_N {bn} is wider than N {n}"
         if bk > max(128, triton.next_power_of_2(k)):
             return f"BLOCK_SIZE_K {bk} is longer than K {k}"
         if cfg["SPLIT_K"] > triton.cdiv(k, bk):
             return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {triton.cdiv(k, bk)} K blocks"
-        if cfg["ALGO"] == "grouped" and bm > max(16, triton.next_power_of_2(max(1, problem.routes))):
+        if cfg["ALGO"] != "route" and bm > max(16, triton.next_power_of_2(max(1, problem.routes))):
             return f"BLOCK_SIZE_M {bm} exceeds the {problem.routes} routes"
         a_bytes = DTYPES[problem.shape["dtype"]].itemsize
         if cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
