@@ -177,7 +177,7 @@ def _expert_rows(ids_ptr, e, R, first, BLOCK_SIZE_M: tl.constexpr, CHUNK: tl.con
     lane = tl.arange(0, CHUNK)
     want = first + tl.arange(0, BLOCK_SIZE_M)
     rows = tl.zeros([BLOCK_SIZE_M], tl.int32) + R
-    count = R * 0
+    count = tl.sum(tl.zeros([CHUNK], tl.int32), 0)  # an int32 scalar even when R is specialised to 1
     for c0 in range(0, R, CHUNK):
         hit = (tl.load(ids_ptr + c0 + lane, mask=c0 + lane < R, other=-1) == e).to(tl.int32)
         pos = count + tl.cumsum(hit, 0) - 1
