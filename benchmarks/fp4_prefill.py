@@ -37,36 +37,38 @@ def hand_configs(op: str) -> list[dict]:
     """The hand sweep: every decode and unpack design, M tiles 16..256, N tiles, warps, stages."""
     base = {"GROUP_SIZE_M": 8, "num_stages": 1, "UNPACK": "asm", "BLOCK_SIZE_K": 128}
     out = []
+    for dec in ("f16", "fp8"):
+        for unpack in ("asm", "join"):
+            for bm in (16, 32, 64, 128):
+                for bn in (64, 128):
+                    for w in (4, 8):
+                        out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec,
+                                        UNPACK=unpack))
     for bm in (16, 32, 64, 128):
-        for bn in (32, 64, 128, 256):
+        for bn in (64, 128):
             for w in (4, 8):
-                for st in (1, 2):
-                    out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, num_stages=st,
-                                    DECODE="fp8_scaled"))
-    for dec in ("fp8", "bf16"):
-        for bm in (16, 32, 64, 128):
-            for bn in (64, 128):
-                for w in (4, 8):
-                    out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec))
-    for dec in ("fp8_scaled", "fp8", "bf16"):
+                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE="fp8_scaled"))
+    for unpack in ("asm", "join"):
         for bm in (16, 64, 128):
             out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                            DECODE=dec, UNPACK="join"))
+                            DECODE="bf16", UNPACK=unpack))
+    for dec in ("f16", "fp8"):
+        for bm in (16, 128):
+            for st in (2, 3):
+                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
+                                DECODE=dec, num_stages=st))
         out.append(dict(base, BLOCK_SIZE_M=256, BLOCK_SIZE_N=128, num_warps=8, DECODE=dec))
         out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, num_warps=4, DECODE=dec, BLOCK_SIZE_K=64))
-    for dec in ("fp8", "bf16"):
-        for bm in (16, 128):
-            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                            DECODE=dec, num_stages=3))
+    out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, num_warps=4, DECODE="f16"))
+    out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=256, num_warps=8, DECODE="f16"))
+    out.append(dict(base, BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, num_warps=8, DECODE="fp8"))
     for g in (1, 16):
-        for bm in (16, 64):
-            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,
-                            DECODE="fp8_scaled", GROUP_SIZE_M=g))
+        out.append(dict(base, BLOCK_SIZE_M=16, BLOCK_SIZE_N=128, num_warps=4, DECODE="f16", GROUP_SIZE_M=g))
+        out.append(dict(base, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=8, DECODE="fp8", GROUP_SIZE_M=g))
     if op == "gate_up":
-        for bm in (16, 32, 64, 128):
-            for w in (4, 8):
-                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=w, DECODE="fp8_scaled",
-                                A_LAYOUT="gathered"))
+        for bm, dec in ((16, "f16"), (32, "f16"), (64, "fp8"), (128, "fp8")):
+            out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm <= 32 else 8,
+                            DECODE=dec, A_LAYOUT="gathered"))
     return out
 
 
@@ -95,7 +97,8 @@ def worker(args) -> None:
                 sync()
                 status[key] = "ok"
             except Exception as e:  # compile errors are results here
-                status[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                msg = [ln for ln in str(e).splitlines() if ln.strip()]  # the cause is on the last lines
+                status[key] = f"{type(e).__name__}: {' | '.join(msg[-3:])[:400]}"
             Path(args.worker + ".out").write_text(json.dumps(status))
         del inputs
     Path(args.worker + ".out").write_text(json.dumps(status))

@@ -38,6 +38,7 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     (_cfg(32, 128, 128, "fp8"), _cfg(32, 64, 64, "bf16")),
     (_cfg(64, 64, 128, "bf16", "asm"), _cfg(64, 128, 32, "fp8_scaled", "asm")),
     (_cfg(128, 32, 32, "fp8_scaled", GROUP_SIZE_M=1), _cfg(128, 64, 128, "bf16", num_stages=2)),
+    (_cfg(16, 64, 128, "f16", "asm"), _cfg(16, 64, 64, "f16")),
     (_cfg(16, 128, 256, "bf16"), _cfg(32, 64, 64, "fp8", "asm", GROUP_SIZE_M=16)),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):

@@ -20,6 +20,9 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   tensor-core dot per chunk against the raw e4m3 activations, rescaled by
   ``x_scale[m] * 2^(smax[n] - 128)``. Exact while a chunk's scales differ by at most 9
   (beyond, values under 2^-9 of the chunk's largest round). Scale codes >= 2.
+- ``f16``: the same re-based weights kept in fp16 (exact while a chunk's scales differ by
+  at most 23) against the activations widened to fp16: below 64-row M tiles sm_90 runs
+  mma.sync, which has no fp8 form, so this skips the fp16 -> e4m3 -> fp16 round trip.
 - ``fp8_scaled``: the e4m3 bytes of ``asm``/its Triton twin go to the tensor cores one
   32-wide K group at a time; each group's fp32 dot is scaled by ``2^(scale - 121)`` per
   column, each chunk by ``x_scale`` per row. Exact; scale codes <= 248.
@@ -27,7 +30,7 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   to bf16 (exact); activations ``q * x_scale`` (exact in bf16); one bf16 dot per chunk.
   Scale codes <= 240.
 
-``fp8`` and ``fp8_scaled`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
+``fp8``, ``f16`` and ``fp8_scaled`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import triton.language as tl
 
 from ..device import interpreter_active
 
-DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2}
+DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3}
 UNPACKS = {"join": 0, "asm": 1}
 
 # Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
@@ -156,11 +159,15 @@ def fp4_moe_gemm_kernel(
                 codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_SIZE_N, G, 32)).to(tl.int32)
                 w16 = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
                 W16_EXP: tl.constexpr = -14
-            if DECODE == 1:
+            if DECODE != 0:  # re-based on the chunk's largest scale: fp8 or fp16 operands
                 smax = tl.max(s, axis=1)  # [BN]
                 d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
                 fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(1-W16_EXP-d)
-                b = (w16 * fac[:, :, None]).to(tl.float8e4nv)  # e2m1 * 2^(1 - d), |b| <= 12
+                b = w16 * fac[:, :, None]  # e2m1 * 2^(1 - d), |b| <= 12
+                if DECODE == 1:
+                    b = b.to(tl.float8e4nv)
+                else:
+                    a = a.to(tl.float16)  # e4m3 values are exact in fp16
                 b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
                 wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
