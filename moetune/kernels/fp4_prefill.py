@@ -2,8 +2,9 @@
 
 Pipeline: x is quantized per token per 128 to e4m3; routes are sorted by expert and
 padded to whole M-blocks; the gate/up GEMM (A row = token) writes one fp32 row per
-route; swiglu (optional clamp) times the routing weight in fp32 is quantized the same
-way; the down GEMM (A row = route) writes fp32 rows that are summed over top_k.
+route; one fused kernel applies swiglu (optional clamp) times the routing weight in
+fp32 and quantizes the result the same way; the down GEMM (A row = route) writes fp32
+rows that are summed over top_k.
 Inactive routes (``topk_ids == -1``) are dropped by the alignment, so nothing of
 theirs is read and they contribute zero.
 """
@@ -20,6 +21,7 @@ from ..quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from ..quant.mxfp4 import dequantize_mxfp4
 from ..specs.fp4_prefill import GEMMS, normalize_config
 from . import fp4_gemm
+from .fp4_act import swiglu_quant
 from .moe_align import Alignment, align_routes
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
@@ -160,10 +162,8 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"])
-    # Rows of inactive routes hold garbage here; the down GEMM never reads them.
-    act = gated_activation(gate_up[:, :inter], gate_up[:, inter:], "silu", swiglu_limit)
-    act = act * topk_weights.reshape(-1, 1).float()
-    hq, hs = quantize_fp8_act(act)
+    # Rows of inactive routes are never written here, nor read by the down GEMM.
+    hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit)
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
     down = torch.zeros(routes, h, dtype=torch.float32, device=x.device)

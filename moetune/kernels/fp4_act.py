@@ -1,0 +1,76 @@
+"""The step between the FP4 prefill GEMMs, fused: swiglu, routing weight, FP8 quantization.
+
+One program per (route, 128-wide group of the intermediate): ``h = silu(min(gate, limit)) *
+clamp(up, -limit, limit) * weight`` in fp32, then ``q = h / scale`` in e4m3 with the power-of-two
+``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the
+exponent taken from the fp32 bits so no log is rounded). Inactive routes return before
+reading anything; their rows are never read by the down GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..device import interpreter_active
+
+
+@triton.jit
+def _round_to_e4m3(v):
+    """Round fp32 to the nearest e4m3 value (ties to even) in fp32 arithmetic.
+
+    Only for the CPU interpreter, whose fp32 -> e4m3 cast (Triton 3.9) drops the carry when
+    rounding up crosses a power of two (126.3 -> 64); the GPU converts in hardware.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    normal = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # keep 3 mantissa bits
+    sub = (tl.abs(v) * 512.0 + 12582912.0) - 12582912.0  # multiples of 2^-9 below e4m3's normal range
+    sub = tl.where(bits < 0, -sub, sub) / 512.0  # the sign bit, so -0 stays -0
+    return tl.where(tl.abs(v) >= 0.015625, normal.to(tl.float32, bitcast=True), sub)
+
+
+@triton.jit
+def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, stride_gu, stride_q, stride_s,
+                         HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    if tl.load(ids_ptr + r) < 0:
+        return
+    offs = g * GROUP + tl.arange(0, GROUP)
+    ok = offs < inter
+    gate = tl.load(gu_ptr + r * stride_gu + offs, mask=ok, other=0.0)
+    up = tl.load(gu_ptr + r * stride_gu + inter + offs, mask=ok, other=0.0)
+    if HAS_LIMIT:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)
+    amax = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-4) / 448.0
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # exponent field of the scale
+    scale = (e << 23).to(tl.float32, bitcast=True)
+    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / scale, exact
+    v = tl.minimum(tl.maximum(h * inv, -448.0), 448.0)
+    if ROUND_FIRST:
+        v = _round_to_e4m3(v)
+    q = v.to(tl.float8e4nv)
+    tl.store(q_ptr + r * stride_q + offs, q, mask=ok)
+    tl.store(s_ptr + r * stride_s + g, scale)
+
+
+def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
+                 group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gate_up [R, 2I]`` fp32 and ``weights``, ``ids`` ``[R]`` ->
+    ``(q e4m3 [R, I], scales fp32 [R, ceil(I / group)])``; rows of inactive routes are left unwritten."""
+    routes, two_i = gate_up.shape
+    inter = two_i // 2
+    groups = triton.cdiv(inter, group)
+    q = torch.empty(routes, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
+    s = torch.empty(routes, groups, dtype=torch.float32, device=gate_up.device)
+    if routes:
+        _swiglu_quant_kernel[(routes, groups)](
+            gate_up, weights, ids, q, s, inter, 0.0 if limit is None else float(limit),
+            gate_up.stride(0), q.stride(0), s.stride(0), HAS_LIMIT=limit is not None, GROUP=group,
+            ROUND_FIRST=interpreter_active(),
+        )
+    return q, s
