@@ -49,8 +49,6 @@ CONFIGS = [
     {"ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SWAP_AB": 1},
     {"ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "SPLIT_K": 3,
      "SWAP_AB": 1},
-    {"ALGO": "expert", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SWAP_AB": 1},
-    {"ALGO": "expert", "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "SPLIT_K": 2},
 ]
 
 
@@ -146,8 +144,8 @@ def poison_unused(args):
     return [x, w13, s13, w2, s2, rw, ids]
 
 
-@pytest.mark.parametrize("cfg", [FAST, CONFIGS[1], CONFIGS[4], CONFIGS[5], CONFIGS[8]],
-                         ids=["route", "route-split", "grouped-split", "grouped-swap", "expert-split"])
+@pytest.mark.parametrize("cfg", [FAST, CONFIGS[1], CONFIGS[4], CONFIGS[5]],
+                         ids=["route", "route-split", "grouped-split", "grouped-swap"])
 def test_mixed_inactive_routes_never_read(cfg):
     args = make_layer(M=3, H=256, I=128, E=8, top_k=3, seed=6)
     ids = args[6]
@@ -162,7 +160,7 @@ def test_mixed_inactive_routes_never_read(cfg):
     assert rel_err(out, ref) < TOL
 
 
-@pytest.mark.parametrize("cfg", [FAST, CONFIGS[4], CONFIGS[7]], ids=["route", "grouped", "expert"])
+@pytest.mark.parametrize("cfg", [FAST, CONFIGS[4]], ids=["route", "grouped"])
 def test_all_inactive_is_exactly_zero(cfg):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=7)
     args[6].fill_(-1)
@@ -189,9 +187,9 @@ def test_poisoned_buffers_are_overwritten(cfg):
     assert torch.isfinite(gu).all() and torch.equal(gu[ids.reshape(-1) < 0], torch.zeros(4, 256))
 
 
-def test_expert_scan_handles_more_routes_than_a_block():
+def test_grouped_handles_more_routes_than_a_block():
     args = make_layer(M=20, H=256, I=128, E=2, top_k=2, seed=10)  # 20 routes per expert > BLOCK_SIZE_M 16
-    cfg = {"ALGO": "expert", "BLOCK_SIZE_N": 256, "SWAP_AB": 1}
+    cfg = {"ALGO": "grouped", "BLOCK_SIZE_N": 256, "SWAP_AB": 1}
     out = F.fp8_decode_moe(*args, config={"gate_up": cfg, "down": {**cfg, "SWAP_AB": 0}})
     assert rel_err(out, F.fp8_decode_moe_reference(*args)) < TOL
 
@@ -263,7 +261,7 @@ def test_bad_tensors(small, make, msg):
     (dict(config={"down": {"ALGO": "dense"}}), "ALGO"),
     (dict(config={"down": {"SPLIT_K": 0}}), "SPLIT_K"),
     (dict(config={"down": {"SWAP_AB": 1}}), "SWAP_AB"),
-    (dict(config={"down": {"ALGO": "expert", "SWAP_AB": 2}}), "SWAP_AB"),
+    (dict(config={"down": {"ALGO": "grouped", "SWAP_AB": 2}}), "SWAP_AB"),
     (dict(config={"down": {"num_warps": 3}}), "num_warps"),
     (dict(config={"gate_up": {"ALGO": "grouped", "BLOCK_SIZE_M": 24}}), "BLOCK_SIZE_M"),
 ])

@@ -22,7 +22,7 @@ from ..routing import make_routes
 from ..spec import Config, Inputs, KernelSpec, Problem, register
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_SM_TARGET_PROGRAMS = 2048  # route path: enough programs (and loads) in flight on a ~132-SM GPU
+_ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
 
 
 class _Fp8DecodeGemm(KernelSpec):
@@ -93,25 +93,25 @@ class _Fp8DecodeGemm(KernelSpec):
         return None
 
     def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
-        """Fallback from H200 measurements (results/fp8_decode.md): below ~0.25 rows per expert with
-        a long K, the split-K GEMV wins (few routes, too few programs otherwise); above, sharing each
-        expert's weight reads across its routes with tensor cores wins."""
+        """Fallback from the H200 sweep (results/fp8_decode.md). Up to ~1 row per expert the GEMV
+        ("route") wins: most experts get one route, so grouping saves few weight reads and the
+        grouped path's routing launch costs more; split-K only where the grid would be small.
+        Above, "grouped" shares each expert's weight reads across its routes."""
         n, k, e = shape["N"], shape["K"], shape["E"]
-        density = routes / e
         if arch == "interpreter":  # fewest programs: the interpreter pays per program
             return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
                     "BLOCK_SIZE_K": 256 if k > 128 else 128}
-        if density < 0.05 or (density <= 0.25 and k >= 2048):
-            bn = 32
-            bk = 512 if k >= 2048 else 256 if k > 128 else 128
-            programs = max(1, routes) * triton.cdiv(n, bn)
-            split = max(1, min(4, _SM_TARGET_PROGRAMS // programs, triton.cdiv(k, bk)))
-            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split}
-        programs = min(routes, e) * triton.cdiv(n, 64)
-        split = 4 if programs < 264 else 2 if programs < 528 else 1
-        split = max(1, min(split, triton.cdiv(k, 128)))
+        long_k = k >= 2048
+        if routes <= e:
+            bk, split = (256 if k > 128 else 128), 1
+            if long_k:
+                split = max(1, min(4, _ROUTE_PROGRAMS // (max(1, routes) * triton.cdiv(n, 128))))
+                bk = 512 if split > 1 and k >= 4096 else bk
+            split = min(split, triton.cdiv(k, bk))
+            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": bk, "SPLIT_K": split,
+                    "num_warps": 8}
         return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
-                "BLOCK_SIZE_K": 128, "SPLIT_K": split, "num_stages": 3}
+                "BLOCK_SIZE_K": 256 if long_k else 128, "SPLIT_K": 2 if long_k else 1, "num_stages": 3}
 
     # ---- running ------------------------------------------------------------------------------
     def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:

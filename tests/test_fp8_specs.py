@@ -1,0 +1,86 @@
+"""The fp8_decode.gate_up / fp8_decode.down kernel specs: shapes, space, constraints, heuristic, run."""
+
+import pytest
+
+from moetune.device import INTERPRETER, DeviceInfo
+from moetune.models import get_model
+from moetune.spec import all_specs, get_spec
+
+NAMES = ("fp8_decode.gate_up", "fp8_decode.down")
+H200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 227 * 1024, 60 << 20, True)
+
+
+def test_registered_with_contract():
+    names = {s.name for s in all_specs()}
+    for name in NAMES:
+        spec = get_spec(name)
+        assert name in names
+        assert spec.cuda_graph and spec.tolerance == 1e-2 and spec.weight_format == "fp8_block"
+        assert spec.default["ALGO"] == "route" and spec.default["BLOCK_SIZE_N"] == 16
+        assert spec.default["BLOCK_SIZE_K"] == 128 and spec.default["num_warps"] == 4
+        spec.check_config(spec.default)
+
+
+def test_shape_from_model():
+    ds = get_model("deepseek-v3")
+    assert get_spec(NAMES[0]).shape_from_model(ds, tp=8) == {
+        "E": 256, "N": 512, "K": 7168, "top_k": 8, "dtype": "bfloat16"}
+    assert get_spec(NAMES[1]).shape_from_model(ds, tp=8, ep=2) == {
+        "E": 128, "N": 7168, "K": 256, "top_k": 8, "dtype": "bfloat16"}
+    with pytest.raises(ValueError, match="dtype"):
+        get_spec(NAMES[0]).normalize_shape({"E": 4, "N": 8, "K": 8, "top_k": 2, "dtype": "int8"})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_constraints_prune_without_duplicates(name):
+    spec = get_spec(name)
+    shape = spec.shape_from_model(get_model("deepseek-v3"), tp=8)
+    problem = spec.problem(shape, tokens=4)
+    ok = [c for c in spec.candidates() if spec.constraint(c, problem, H200) is None]
+    assert ok and len(ok) < len(list(spec.candidates()))
+    assert all(c["BLOCK_SIZE_M"] == 16 for c in ok if c["ALGO"] == "route")
+    assert all(c["BLOCK_SIZE_N"] <= 128 and c["SWAP_AB"] == 0 for c in ok if c["ALGO"] == "route")
+    bad = {**spec.default, "SPLIT_K": 16, "BLOCK_SIZE_K": 256}
+    assert "SPLIT_K" in spec.constraint(bad, problem, H200)  # K 7168 or 256: fewer than 16 K blocks
+    assert "BLOCK_SIZE_K" in spec.constraint({**spec.default, "BLOCK_SIZE_K": 64}, problem, H200)
+    assert "unknown" in spec.constraint({**spec.default, "GROUP_SIZE_M": 8}, problem, H200)
+    tiny = DeviceInfo("tiny", "sm_80", 1, 16 * 1024, 0, True)
+    big = {**spec.default, "ALGO": "grouped", "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 256, "num_stages": 4}
+    assert "shared memory" in spec.constraint(big, problem, tiny)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("model,tp", [("deepseek-v3", 8), ("qwen3-30b-a3b", 1), ("kimi-k2", 4), ("tiny", 1)])
+def test_heuristic_is_valid_and_follows_density(name, model, tp):
+    spec = get_spec(name)
+    shape = spec.normalize_shape(spec.shape_from_model(get_model(model), tp=tp))
+    algos = []
+    for tokens in (1, 4, 16, 64, 256):
+        problem = spec.problem(shape, tokens)
+        cfg = spec.heuristic(shape, problem.routes, "sm_90")
+        assert spec.constraint(cfg, problem, H200) is None, (tokens, cfg)
+        algos.append(cfg["ALGO"])
+        spec.check_config(spec.heuristic(shape, problem.routes, "interpreter"))
+    assert algos[0] == "route" and algos[-1] == "grouped"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_run_matches_reference_with_poisoned_outputs(name):
+    spec = get_spec(name)
+    shape = spec.shape_from_model(get_model("tiny"))
+    problem = spec.problem(shape, tokens=3, active_fraction=0.5)
+    inputs = spec.make_inputs(problem, "cpu", seed=1)
+    expected = spec.reference(inputs)
+    for cfg in (spec.default, spec.heuristic(problem.shape, problem.routes, "interpreter"),
+                {"ALGO": "grouped", "BLOCK_SIZE_N": 128, "SPLIT_K": 2, "SWAP_AB": 1}):
+        spec.poison(inputs)
+        spec.run(inputs, cfg)
+        assert spec.passes(spec.error(inputs.outputs, expected)), cfg
+    assert 0 < spec.bytes_moved(problem, inputs) <= spec.bytes_moved(spec.problem(shape, tokens=64))
+    assert spec.flops(problem) == 2 * problem.routes * shape["N"] * shape["K"]
+
+
+def test_interpreter_device_constraint_accepts_default():
+    spec = get_spec(NAMES[0])
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=1)
+    assert spec.constraint(spec.default, problem, INTERPRETER) is None
