@@ -10,7 +10,8 @@ again before its next task, so one bad candidate never stops a sweep.
 once on the real problem so Triton's on-disk cache (shared across processes)
 holds its binary, and one measuring worker per GPU that checks accuracy and times
 each candidate while nothing else runs on the GPU. A candidate that fails to
-compile, crashes or hangs in the compile stage is final: it is not run again.
+compile, crashes or hangs in the compile stage is final: it is not run again (unless
+the failure came before the config ran, such as no memory for the inputs).
 """
 
 from __future__ import annotations
@@ -253,7 +254,9 @@ class Runner:
             self.compiler = WorkerPool(self.jobs, "compile", self.device_index, self.log_dir)
             self.compiler.start()
         t0 = time.monotonic()
-        tasks = [(canonical_json(c), self._task("compile", spec, problem, c, seed)) for c in configs]
+        lock = str(self.log_dir / "inputs.lock")
+        tasks = [(canonical_json(c), {**self._task("compile", spec, problem, c, seed), "lock": lock})
+                 for c in configs]
         out = dict(self.compiler.run(tasks, 2 * self.timeout))
         self.compile_seconds += time.monotonic() - t0
         self.compiled += len(tasks)
@@ -270,7 +273,9 @@ class Runner:
         todo = []
         for key, config in by_key.items():
             res = compiled.get(key)
-            if res is not None and res["status"] != "ok":
+            # Final unless the compile worker failed before running the config (e.g. out of memory
+            # making inputs): that says nothing about the config, so it is measured as usual.
+            if res is not None and res["status"] != "ok" and res.get("stage", "run") == "run":
                 if admit is None or admit(config):
                     res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
                     yield config, res

@@ -86,15 +86,20 @@ class Sweep:
 
     def __init__(self, store: Store, runner: Runner, *, strategy: str = "exhaustive",
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
-                 sweep_id: str | None = None, batch: int = BATCH):
+                 sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
+        if time_limit is not None and time_limit <= 0:
+            raise ValueError(f"--time-limit must be positive, got {time_limit}")
+        self.time_limit = time_limit
+        self.timed_out = False  # stopped by the time limit (everything measured is stored)
         self.store, self.runner = store, runner
         self.strategy, self.budget, self.seed, self.batch = strategy, budget, seed, batch
         self.on_event = on_event or (lambda *a, **k: None)
         self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
         self.points: list[Point] = []
+        self._deadline: float | None = None
         self.overhead_ms: list[float] = []  # per measured candidate: wall time beyond its timed runs
 
     # ---- store access ------------------------------------------------------------------------------------
@@ -141,10 +146,18 @@ class Sweep:
                 self.runner.start()
             self.plan(problems or [], self.runner.device)
         self.on_event("start", points=self.points, total=sum(self.expected(pt) for pt in self.points))
+        self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
         for i, pt in enumerate(self.points):
+            if self._out_of_time():
+                break
             self._run_point(pt, self._hints(i))
         self.on_event("done", points=self.points)
         return self.points
+
+    def _out_of_time(self) -> bool:
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            self.timed_out = True
+        return self.timed_out
 
     def _hints(self, i: int) -> list[Config]:
         """Warm starts: the best configs found so far for the same op and shape at other densities,
@@ -177,6 +190,8 @@ class Sweep:
             if "kernel_ms" in res and "parent_ms" in res:
                 self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
             self.on_event("result", point=pt, row=row, obs=obs)
+            if self._out_of_time():
+                break
         return out
 
     def _run_point(self, pt: Point, hints: list[Config]) -> None:
@@ -184,6 +199,8 @@ class Sweep:
         measured = {o.key for o in self._stored(pt.problem)}
         if canonical_json(pt.default) not in measured:  # the baseline, always first
             self._measure(pt, [pt.default])
+        if self._out_of_time():
+            return
         strategy = get_strategy(self.strategy)
         strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
                                      hints, self.budget, self.seed))
@@ -192,6 +209,8 @@ class Sweep:
             if not batch:
                 break
             strategy.observe(self._measure(pt, batch))
+            if self._out_of_time():
+                break
 
 
 def summary_rows(points: Sequence[Point]) -> list[dict[str, Any]]:

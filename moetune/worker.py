@@ -10,11 +10,13 @@ new one. Its stdout/stderr go to a log file whose tail becomes the crash reason.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -119,14 +121,63 @@ class _Candidate:
         return min(4, -(-2 * l2 // max(nbytes, 1)))
 
 
+class _CompileInputs:
+    """A compile worker's inputs for the current problem: made once per problem, not per config,
+    and made one worker at a time (a file lock), so sixteen workers never hold sixteen
+    transient weight-generation peaks at once."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.inputs: Any = None
+
+    def get(self, cand: _Candidate, seed: int, lock_path: str | None) -> Any:
+        key = (cand.spec.name, cand.problem)
+        if key != self.key:
+            self.key = self.inputs = None  # free the previous problem's tensors first
+            with _file_lock(lock_path):
+                self.inputs = cand.spec.make_inputs(cand.problem, cand.where, seed)
+                cand._sync()
+                if cand.device.is_gpu:  # give generation temporaries back to the other workers
+                    import torch
+
+                    torch.cuda.empty_cache()
+            self.key = key
+        return self.inputs
+
+
+@contextlib.contextmanager
+def _file_lock(path: str | None) -> Iterator[None]:
+    if path is None:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+_COMPILE_INPUTS = _CompileInputs()
+
+
 def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
-    """Run one task; every failure a candidate can raise becomes a status and a reason."""
+    """Run one task; every failure a candidate can raise becomes a status and a reason.
+
+    A measurement makes fresh inputs (its own seed) for every candidate; a compile reuses the
+    problem's inputs, since only the binary matters there.
+    """
     t0 = time.perf_counter()
     stage = "setup"
     try:
         cand = _Candidate(task, device)
         stage = "make_inputs"
-        inputs = cand.spec.make_inputs(cand.problem, cand.where, task["seed"])
+        if task["mode"] == "compile":
+            inputs = _COMPILE_INPUTS.get(cand, task["seed"], task.get("lock"))
+        else:
+            inputs = cand.spec.make_inputs(cand.problem, cand.where, task["seed"])
         stage = "run"
         result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
     except Exception as e:  # noqa: BLE001 - every failure is data here
@@ -135,7 +186,7 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
             status, restart = "crash", restart or device.is_gpu
         reason = describe(e) if stage == "run" else f"{stage} failed: {describe(e)}"
         traceback.print_exc()  # into the worker's log, for whoever digs deeper
-        result = {"status": status, "reason": reason, "restart": restart}
+        result = {"status": status, "reason": reason, "restart": restart, "stage": stage}
     result["wall_ms"] = (time.perf_counter() - t0) * 1e3
     return result
 

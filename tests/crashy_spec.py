@@ -18,21 +18,17 @@ import time
 from typing import Any
 
 import torch
+import triton
+import triton.language as tl
 
 from moetune.spec import Inputs, KernelSpec, Problem, register
 
 MODES = ("ok", "wrong", "raise", "refuse", "compile", "abort", "segv", "hang", "ima", "pruned")
 
 
-def _ima(out: torch.Tensor) -> None:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def far_store(ptr):
-        tl.store(ptr + (1 << 40), 1.0)  # a terabyte past the buffer
-
-    far_store[(1,)](out)
+@triton.jit
+def _far_store(ptr):
+    tl.store(ptr + (1 << 40), 1.0)  # a terabyte past the buffer: an illegal memory access
 
 
 class CrashySpec(KernelSpec):
@@ -80,7 +76,7 @@ class CrashySpec(KernelSpec):
         if mode == "hang":
             time.sleep(3600)
         if mode == "ima":
-            _ima(out)
+            _far_store[(1,)](out)
         torch.mul(x, 2.0, out=out)
         if mode == "wrong":
             out.add_(1.0)

@@ -139,6 +139,8 @@ def sweep(
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,
     jobs: Annotated[int | None, typer.Option(help="compile processes (default: every core on a GPU, none on "
                                                   "the interpreter)")] = None,
+    time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
+                                                          "results (rerun to continue)")] = None,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -157,6 +159,8 @@ def sweep(
         get_strategy(strategy)
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
+        if time_limit is not None and time_limit <= 0:
+            raise ValueError(f"--time-limit must be positive, got {time_limit}")
         points = plan_points(plan.problems, device)
         runner = Runner(timeout=timeout, jobs=jobs)
         try:
@@ -164,7 +168,7 @@ def sweep(
         except ValueError:
             runner.close()
             raise
-        sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed)
+        sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
@@ -201,6 +205,8 @@ def sweep(
     if sw.overhead_ms:
         extra = f"; tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)"
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id}){extra}")
+    if sw.timed_out:
+        console.print(f"[yellow]time limit:[/] stopped after {time_limit:g} s; rerun to continue")
     if interrupted:
         console.print("[yellow]interrupted:[/] everything measured so far is kept; rerun to resume")
         raise typer.Exit(130)
