@@ -25,7 +25,7 @@ CEILINGS: dict[str, tuple[float, float, float]] = {
 
 @dataclass(frozen=True)
 class TimingOptions:
-    target_ms: float = 25.0  # device time spent on timed samples per candidate (before clamping)
+    target_ms: float = 10.0  # device time spent on timed samples per candidate (before clamping)
     min_runs: int = 10
     max_runs: int = 100
     warmup: int = 2
