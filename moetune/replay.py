@@ -53,8 +53,6 @@ class RefPoint:
 
     def __post_init__(self) -> None:
         self.index = {canonical_json(c): i for i, c in enumerate(self.configs)}
-        if not np.isfinite(self.time_ms).any():
-            raise ValueError(f"{self.label}: no ok measurement in the data")
 
     @property
     def problem(self) -> Problem:
@@ -105,8 +103,12 @@ def _default_for(kernel: str) -> Config | None:
     return dict(spec.default)
 
 
-def load_points(path: str | Path, kernels: Sequence[str] = ()) -> list[RefPoint]:
-    """The data's points (filtered by op name or family prefix), grouped by op and shape, by density."""
+def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: int = 1,
+                skipped: list[str] | None = None) -> list[RefPoint]:
+    """The data's points (filtered by op name or family prefix), grouped by op and shape, by density.
+
+    Points with fewer than ``min_candidates`` configs or no ok one (fragments of a cut sweep) are
+    left out; their labels go to ``skipped``."""
     df = read_frame(path)
     missing = {*POINT_COLUMNS, "config", "status", "time_ms"} - set(df.columns)
     if missing:
@@ -133,9 +135,17 @@ def load_points(path: str | Path, kernels: Sequence[str] = ()) -> list[RefPoint]
         default = _default_for(point["kernel"])
         if default is not None:
             default = next((c for c in configs if all(c.get(k) == v for k, v in default.items())), None)
-        points.append(RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
-                               int(point["routes"]), float(point["active_fraction"]), point["routing"],
-                               configs, status, per["time_ms"].to_numpy(dtype=float), spread, default))
+        rp = RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
+                      int(point["routes"]),
+                      float(point["active_fraction"]), point["routing"], configs, status,
+                      per["time_ms"].to_numpy(dtype=float), spread, default)
+        if len(configs) < min_candidates or not np.isfinite(rp.time_ms).any():
+            if skipped is not None:
+                skipped.append(f"{rp.label} ({len(configs)} configs, {int(per['ok'].sum())} ok)")
+            continue
+        points.append(rp)
+    if not points:
+        raise ValueError(f"--data: no point in {path} has at least {min_candidates} configs with an ok one")
     points.sort(key=lambda p: (p.kernel, canonical_json(p.shape), p.routing, p.density, p.active_fraction))
     return points
 

@@ -125,12 +125,12 @@ def test_default_budget_is_a_tenth(points):
 
 
 def test_default_finds_a_planted_optimum(tmp_path):
-    # planted in the bowl's floor at 16 tokens (16 rows per expert), 8% below every other config
-    best = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "num_warps": 8, "num_stages": 2,
-            "MODE": "a"}
+    # the bowl's floor, away from where the density alone would put it, 5% below its neighbours
+    best = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "num_warps": 8, "num_stages": 2,
+            "MODE": "b"}
     assert set(best) == set(SPACE)
     path = tmp_path / "planted.csv"
-    write_dataset(path, points=((16, 8),), seed=11, best=best, rugged=0.005)
+    write_dataset(path, points=((16, 8),), seed=11, best=best)
     (p,) = load_points(path)
     assert p.configs[int(np.nanargmin(p.time_ms))] == best
     from moetune.strategies import DEFAULT_STRATEGY

@@ -58,6 +58,8 @@ def replay(
         = None,
     batch: Annotated[int, typer.Option(help="candidates proposed per batch (GPUs measuring at once)")] = 1,
     noise: Annotated[float, typer.Option(help="scale of the recorded noise drawn per measurement")] = 1.0,
+    min_candidates: Annotated[int, typer.Option(help="leave out points with fewer configs (fragments of a "
+                                                     "cut sweep)")] = 20,
     per_point: Annotated[bool, typer.Option(help="also print the per-point table")] = True,
     csv: Annotated[Path | None, typer.Option(help="write every run (one row per seed) here as CSV")] = None,
     markdown_out: Annotated[Path | None, typer.Option("--markdown", help="write the tables here as "
@@ -78,8 +80,11 @@ def replay(
         budgets = rp.parse_budgets(budget)
         strategies = split_list(strategy)
         rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
-        points = rp.load_points(data, split_list(kernel))
+        skipped: list[str] = []
+        points = rp.load_points(data, split_list(kernel), min_candidates, skipped)
         runs = rp.replay(points, strategies, budgets, seeds, batch, noise)
+    for label in skipped:
+        console.print(f"[yellow]note:[/] left out {label}")
     summ, pp = rp.summary(runs), rp.per_point(runs)
     if per_point:
         console.print(_table("per point (quality over seeds)", pp, POINT_COLUMNS))

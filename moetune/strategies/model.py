@@ -1,25 +1,32 @@
-"""Surrogate-guided search: a density-ratio model of "fast" configs picks what to measure next.
+"""Surrogate-guided search: a Gaussian-process model of log time picks what to measure next.
 
-Three phases over the search budget:
+Tile landscapes are rugged along some parameters (BLOCK_SIZE_N against num_warps)
+and flat along others (num_stages often changes nothing). A GP with one length
+scale per feature (log2 tile sizes, one-hot switches; :mod:`.features`), fitted by
+marginal likelihood, learns which is which: a flat parameter gets a long scale,
+so variants of a measured config are predicted with confidence and the search
+spends its budget on combinations it knows nothing about instead. Every measured
+candidate teaches it: log times are clipped at their median (what is slow is
+equally uninteresting, and the model's variance goes to the fast region) and
+failed or inaccurate candidates enter at that cap, so the search steers away.
+
+Phases over the search budget:
 
 1. warm start and exploration: the hints (best configs of neighbouring densities),
    then a seeded random sample (``EXPLORE`` of the budget);
-2. the model: every measured candidate is labelled good (ok and among the fastest
-   ``GOOD_QUANTILE`` of the ok ones) or bad (slower, inaccurate, failed to compile,
-   crashed: those teach it where not to go). Candidates are scored by the ratio of
-   kernel densities of good over bad neighbours in feature space (log2 tile sizes,
-   one-hot switches): a numpy classifier of the top quantile in the spirit of TPE
-   and of Helion's LFBO search. A batch is filled greedily, each pick counted as
-   bad while choosing the next, so a batch spreads out instead of piling on one spot;
+2. the model: expected improvement over the best measured log time; a batch is
+   filled greedily, each pick added to the model at its predicted mean (kriging
+   believer) so a batch spreads out instead of piling on one spot;
 3. the polish (from ``POLISH`` of the budget on): best-first coordinate moves around
    the fastest configs; when those run dry the model proposes again.
 
-Then the final interleaved re-measurement of :mod:`.adaptive`.
+Then the final interleaved re-measurement of :mod:`.adaptive`. numpy only.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 
@@ -28,11 +35,69 @@ from .adaptive import AdaptiveStrategy, hint_indices
 from .base import SearchContext
 
 EXPLORE = 0.1
-POLISH = 0.4
-GOOD_QUANTILE = 0.15
-BANDWIDTH = 0.3  # kernel width in feature units (one step of a 4-value tile list is 1/3)
-PRIOR = 1e-3  # keeps the ratio near 1 far from every measurement
-EPSILON = 0.1  # share of model picks drawn at random (keeps exploring)
+POLISH = 0.9
+CAP_QUANTILE = 0.5  # log times above this quantile of the ok ones (and failures) are clipped to it
+NOISE = 0.015  # relative measurement noise (replay of H200 re-measurements: ~1.5%)
+SCALES = (0.15, 0.3, 0.6, 1.2, 2.5, 6.0)  # length-scale grid per feature (features span [0, 1])
+REFIT = 1.25  # refit the length scales when the data grew by this factor
+
+
+def _norm_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def _norm_cdf(z: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * (1.0 + np.vectorize(erf)(z / math.sqrt(2)))
+
+
+class GP:
+    """Zero-mean GP on standardised targets, Matern 5/2 kernel with per-feature length scales."""
+
+    def __init__(self, scales: np.ndarray, noise: float):
+        self.scales, self.noise = scales, noise
+
+    def kernel(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        d = (a[:, None, :] - b[None, :, :]) / self.scales
+        r = np.sqrt(5.0 * (d * d).sum(axis=2))
+        return (1.0 + r + r * r / 3.0) * np.exp(-r)  # Matern 5/2: rougher than squared-exponential
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> float:
+        """Condition on (x, y); returns the log marginal likelihood."""
+        self.x = x
+        k = self.kernel(x, x) + (self.noise + 1e-6) * np.eye(len(x))
+        self.chol = np.linalg.cholesky(k)
+        self.alpha = np.linalg.solve(self.chol.T, np.linalg.solve(self.chol, y))
+        return float(-0.5 * y @ self.alpha - np.log(np.diag(self.chol)).sum())
+
+    def predict(self, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ks = self.kernel(xs, self.x)
+        mean = ks @ self.alpha
+        v = np.linalg.solve(self.chol, ks.T)
+        var = np.maximum(1.0 - (v * v).sum(axis=0), 1e-12)
+        return mean, np.sqrt(var)
+
+
+def fit_scales(x: np.ndarray, y: np.ndarray, noise: float, start: np.ndarray) -> np.ndarray:
+    """Per-feature length scales by coordinate ascent of the marginal likelihood over ``SCALES``."""
+    scales = start.copy()
+    best = GP(scales, noise).fit(x, y)
+    for _ in range(2):
+        for d in range(len(scales)):
+            keep = scales[d]
+            for s in SCALES:
+                if s == keep:
+                    continue
+                scales[d] = s
+                try:
+                    ll = GP(scales, noise).fit(x, y)
+                except np.linalg.LinAlgError:
+                    continue
+                if ll > best:
+                    best, keep = ll, s
+            scales[d] = keep
+    return scales
 
 
 class ModelGuided(AdaptiveStrategy):
@@ -40,52 +105,53 @@ class ModelGuided(AdaptiveStrategy):
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
-        self._rng = np.random.default_rng(_seed(ctx))
+        self._rng = np.random.default_rng(zlib.crc32(f"{ctx.seed}:model:{ctx.problem.describe()}".encode()))
         self._order = self._rng.permutation(len(self.space.candidates)).tolist()
         self._hints = hint_indices(self)
-        self._kcols: dict[int, np.ndarray] = {}  # candidate index -> kernel column against every candidate
+        self._scales = np.full(self.space.features.shape[1], 0.6)
+        self._fitted_at = 0
 
     # ---- the model -----------------------------------------------------------------------------------
-    def _column(self, i: int) -> np.ndarray:
-        col = self._kcols.get(i)
-        if col is None:
-            d2 = ((self.space.features - self.space.features[i]) ** 2).sum(axis=1)
-            col = self._kcols[i] = np.exp(-d2 / (2 * BANDWIDTH**2)).astype(np.float32)
-        return col
-
-    def _labels(self) -> tuple[list[int], list[int]]:
-        """Measured candidate indices split into good (fast, ok) and bad (the rest, failures too)."""
+    def _data(self) -> tuple[list[int], np.ndarray]:
+        """Measured candidates and their log times; failures count as slower than the slowest ok."""
         times = self.times()
-        measured = [self.space.index[o.key] for o in self.history if o.key in self.space.index]
-        measured = list(dict.fromkeys(measured))
+        inside = [o.key for o in self.history if o.key in self.space.index]
+        measured = list(dict.fromkeys(self.space.index[k] for k in inside))
         if not times:
-            return [], measured
-        ranked = sorted(times, key=times.get)
-        good = set(ranked[:max(1, math.ceil(GOOD_QUANTILE * len(ranked)))])
-        return sorted(good), [i for i in measured if i not in good]
+            return measured, np.zeros(len(measured))
+        logs = np.log(np.array(list(times.values())))
+        cap = float(np.quantile(logs, CAP_QUANTILE))  # all that is slow is equally uninteresting
+        y = np.array([min(math.log(times[i]), cap) if i in times else cap for i in measured])
+        return measured, y
 
     def _model_picks(self, k: int) -> list[int]:
-        good, bad = self._labels()
-        if not good:
-            return self.unmeasured(self._order)[:k]
-        n = len(self.space.candidates)
-        lg = sum((self._column(i) for i in good), np.zeros(n)) / len(good)
-        bsum = sum((self._column(i) for i in bad), np.zeros(n))
-        nb = len(bad)
+        idx, y = self._data()
         open_ = np.array([key not in self._seen for key in self.space.keys])
+        if len(idx) < 2 or np.ptp(y) == 0:
+            return [i for i in self._order if open_[i]][:k]
+        x = self.space.features[idx]
+        mu, sd = y.mean(), y.std()
+        ys = (y - mu) / sd
+        noise = (NOISE / sd) ** 2
+        if len(idx) >= REFIT * self._fitted_at:
+            self._scales = fit_scales(x, ys, noise, self._scales)
+            self._fitted_at = len(idx)
+        best = ys.min()
         picks: list[int] = []
         for _ in range(k):
-            if not open_.any():
+            cand = np.flatnonzero(open_)
+            if not len(cand):
                 break
-            if self._rng.random() < EPSILON:
-                j = int(self._rng.choice(np.flatnonzero(open_)))
-            else:
-                score = (lg + PRIOR) / (bsum / max(nb, 1) + PRIOR)
-                j = int(np.argmax(np.where(open_, score, -np.inf)))
+            gp = GP(self._scales, noise)
+            gp.fit(x, ys)
+            m, s = gp.predict(self.space.features[cand])
+            z = (best - m) / s
+            ei = (best - m) * _norm_cdf(z) + s * _norm_pdf(z)
+            j = int(cand[int(np.argmax(ei))])
             picks.append(j)
             open_[j] = False
-            bsum = bsum + self._column(j)  # a pending pick counts as bad: the batch spreads out
-            nb += 1
+            x = np.vstack([x, self.space.features[j]])  # kriging believer: the pick at its predicted mean
+            ys = np.append(ys, m[int(np.argmax(ei))])
         return picks
 
     # ---- proposals -----------------------------------------------------------------------------------
@@ -106,9 +172,3 @@ class ModelGuided(AdaptiveStrategy):
             if moves:
                 return self.take(moves, k)
         return self.take(self._model_picks(k), k)
-
-
-def _seed(ctx: SearchContext) -> int:
-    import zlib
-
-    return zlib.crc32(f"{ctx.seed}:model:{ctx.problem.describe()}".encode())
