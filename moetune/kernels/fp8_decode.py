@@ -46,7 +46,6 @@ GEMM_DEFAULT: dict[str, Any] = {
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
-_SWIGLU_ALPHA = 1.702
 
 
 # ---- kernels ------------------------------------------------------------------------------------
@@ -266,7 +265,7 @@ def _gated_act_kernel(
         # 0.5 * (1 + tanh(z)) == sigmoid(2 z), z = sqrt(2 / pi) * (g + 0.044715 g^3)
         y = g * tl.sigmoid(1.5957691216057308 * (g + 0.044715 * g * g * g)) * u
     else:
-        y = g * tl.sigmoid(1.702 * g) * (u + 1.0)
+        y = g * tl.sigmoid(1.702 * g) * (u + 1.0)  # alpha = moetune.activations.SWIGLU_ALPHA
     tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
