@@ -44,10 +44,13 @@ def hand_configs(op: str) -> list[dict]:
                     for w in (4, 8):
                         out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec,
                                         UNPACK=unpack))
-    for bm in (16, 32, 64, 128):
-        for bn in (64, 128):
-            for w in (4, 8):
-                out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE="fp8_scaled"))
+    for dec in ("fp8_row", "fp8_scaled"):
+        for bm in (16, 32, 64, 128):
+            for bn in (64, 128):
+                for w in (4, 8):
+                    out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, num_warps=w, DECODE=dec))
+    out.append(dict(base, BLOCK_SIZE_M=256, BLOCK_SIZE_N=128, num_warps=8, DECODE="fp8_row"))
+    out.append(dict(base, BLOCK_SIZE_M=128, BLOCK_SIZE_N=256, num_warps=8, DECODE="fp8_row"))
     for unpack in ("asm", "join"):
         for bm in (16, 64, 128):
             out.append(dict(base, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=128, num_warps=4 if bm == 16 else 8,

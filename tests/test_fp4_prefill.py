@@ -38,7 +38,8 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     (_cfg(32, 128, 128, "fp8"), _cfg(32, 64, 64, "bf16")),
     (_cfg(64, 64, 128, "bf16", "asm"), _cfg(64, 128, 32, "fp8_scaled", "asm")),
     (_cfg(128, 32, 32, "fp8_scaled", GROUP_SIZE_M=1), _cfg(128, 64, 128, "bf16", num_stages=2)),
-    (_cfg(16, 64, 128, "f16", "asm"), _cfg(16, 64, 64, "f16")),
+    (_cfg(16, 64, 128, "f16", "asm"), _cfg(16, 64, 64, "fp8_row")),
+    (_cfg(64, 32, 64, "fp8_row", "asm"), _cfg(32, 64, 32, "f16")),
     (_cfg(16, 128, 256, "bf16"), _cfg(32, 64, 64, "fp8", "asm", GROUP_SIZE_M=16)),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):
@@ -162,3 +163,15 @@ def test_validate_checks_ids_and_scale_codes():
     with pytest.raises(ValueError, match="w2_scale"):
         fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, validate=True,
                         config={"gate_up": {}, "down": {"DECODE": "fp8_scaled"}})
+
+
+@pytest.mark.parametrize("decode", ["fp8", "fp8_row", "f16"])
+def test_rebased_decodes_with_widely_spread_scales(decode, device):
+    """Scale blocks 2^12 apart inside a row: re-basing rounds the small blocks, the error stays tiny."""
+    x, w13p, w13s, w2p, w2s, wts, ids = _problem(m=12, e=2, top_k=1, device=device)
+    w13s = w13s.clone()
+    w13s[..., 1::2] -= 12  # every other 32-block of each row is 4096x smaller
+    args = (x, w13p, w13s, w2p, w2s, wts, ids)
+    cfg = _cfg(16, 64, 128, decode)
+    out = fp4_prefill_moe(*args, config={"gate_up": cfg, "down": cfg})
+    assert _rel(out, fp4_prefill_moe_reference(*args)) < 1e-2

@@ -20,6 +20,10 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   tensor-core dot per chunk against the raw e4m3 activations, rescaled by
   ``x_scale[m] * 2^(smax[n] - 128)``. Exact while a chunk's scales differ by at most 9
   (beyond, values under 2^-9 of the chunk's largest round). Scale codes >= 2.
+- ``fp8_row``: as ``fp8`` but re-based on the largest scale of the whole weight row (one
+  extra pass over the row's scales), so each chunk's dot needs only the per-row activation
+  scale and the weight factor is applied once after the K loop. Exact while a row's scales
+  differ by at most 9; beyond, values under 2^-9 of the row's largest round.
 - ``f16``: the same re-based weights kept in fp16 (exact while a chunk's scales differ by
   at most 23) against the activations widened to fp16: below 64-row M tiles sm_90 runs
   mma.sync, which has no fp8 form, so this skips the fp16 -> e4m3 -> fp16 round trip.
@@ -30,7 +34,7 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   to bf16 (exact); activations ``q * x_scale`` (exact in bf16); one bf16 dot per chunk.
   Scale codes <= 240.
 
-``fp8``, ``f16`` and ``fp8_scaled`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
+All but ``bf16`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import triton.language as tl
 
 from ..device import interpreter_active
 
-DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3}
+DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3, "fp8_row": 4}
 UNPACKS = {"join": 0, "asm": 1}
 
 # Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
@@ -111,6 +115,14 @@ def fp4_moe_gemm_kernel(
     a_rows = a_ptr + a_row[:, None] * stride_am
     as_rows = a_scale_ptr + a_row * stride_asm
 
+    if DECODE == 4:  # the largest scale of each weight row, over all of K
+        rmax = tl.zeros((BLOCK_SIZE_N,), dtype=tl.int32)
+        for k0 in range(0, K, BLOCK_SIZE_K):
+            offs_g = k0 // 32 + tl.arange(0, G)
+            sr = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None] & (offs_g < K // 32)[None, :],
+                         other=0)
+            rmax = tl.maximum(rmax, tl.max(sr.to(tl.int32), axis=1))
+
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_SIZE_K):
         if DECODE == 2:
@@ -159,19 +171,25 @@ def fp4_moe_gemm_kernel(
                 codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_SIZE_N, G, 32)).to(tl.int32)
                 w16 = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
                 W16_EXP: tl.constexpr = -14
-            if DECODE != 0:  # re-based on the chunk's largest scale: fp8 or fp16 operands
-                smax = tl.max(s, axis=1)  # [BN]
+            if DECODE != 0:  # re-based on the chunk's (or row's) largest scale: fp8 or fp16 operands
+                if DECODE == 4:
+                    smax = rmax
+                else:
+                    smax = tl.max(s, axis=1)  # [BN]
                 d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
                 fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(1-W16_EXP-d)
                 b = w16 * fac[:, :, None]  # e2m1 * 2^(1 - d), |b| <= 12
-                if DECODE == 1:
-                    b = b.to(tl.float8e4nv)
-                else:
+                if DECODE == 3:
                     a = a.to(tl.float16)  # e4m3 values are exact in fp16
+                else:
+                    b = b.to(tl.float8e4nv)
                 b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
-                wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
-                acc += tl.dot(a, tl.trans(b)) * xs[:, None] * wf[None, :]
+                if DECODE == 4:  # the row factor waits for the end of the K loop
+                    acc += tl.dot(a, tl.trans(b)) * xs[:, None]
+                else:
+                    wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
+                    acc += tl.dot(a, tl.trans(b)) * xs[:, None] * wf[None, :]
             else:
                 fac = ((s - W16_EXP) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127 - W16_EXP)
                 b = (w16.to(tl.float32) * fac[:, :, None]).to(tl.bfloat16)
@@ -187,6 +205,8 @@ def fp4_moe_gemm_kernel(
                 else:
                     acc = tl.dot(a16, tl.trans(b), acc)
 
+    if DECODE == 4:
+        acc = acc * ((rmax - 1) << 23).to(tl.float32, bitcast=True)[None, :]  # 2^(rmax - 128)
     c_ptrs = c_ptr + route.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 

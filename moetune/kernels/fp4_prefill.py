@@ -26,7 +26,8 @@ from .moe_align import Alignment, align_routes
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 # Scale codes each decode handles exactly (see fp4_gemm).
-SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "f16": (2, 254), "fp8_scaled": (0, 248)}
+SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "fp8_row": (2, 254), "f16": (2, 254),
+               "fp8_scaled": (0, 248)}
 
 
 def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,

@@ -22,7 +22,7 @@ from ..spec import Config, Inputs, KernelSpec, Problem, register
 GEMMS = ("gate_up", "down")
 TILE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 SWITCHES: dict[str, tuple[str, ...]] = {
-    "DECODE": ("bf16", "fp8", "f16", "fp8_scaled"),
+    "DECODE": ("bf16", "fp8", "fp8_row", "f16", "fp8_scaled"),
     "UNPACK": ("join", "asm"),
     "A_LAYOUT": ("indexed", "gathered"),
 }
@@ -82,7 +82,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
 
 def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """Shared-memory estimate: pipelined A and B tiles plus the decoded B tile's layout change."""
-    elt = 1 if cfg["DECODE"] in ("fp8", "fp8_scaled") else 2
+    elt = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
     a_tile, b_tile = bm * bk * elt, bn * bk * elt
     return max(1, cfg["num_stages"]) * (a_tile + b_tile // 2) + b_tile
