@@ -368,8 +368,9 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                        topk_weights=topk_weights, aligned=aligned)
         return torch.sum(partials, dim=0, out=out)
     parts = out if out.dim() == 3 else out.unsqueeze(0)
-    if parts.shape[0] != split:
-        raise ValueError(f"out must be [{split}, R, N] for SPLIT_K {split}, got {tuple(out.shape)}")
+    if parts.shape[0] != split or parts.stride(2) != 1:
+        raise ValueError(f"out must be [{split}, R, N] with unit stride along N for SPLIT_K {split}, "
+                         f"got shape {tuple(out.shape)} strides {out.stride()}")
     ids = topk_ids.reshape(-1)
     rw = topk_weights.reshape(-1) if topk_weights is not None else ids
     routes, n = parts.shape[1:]

@@ -3,7 +3,8 @@
 Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
 split-K, "grouped" or "expert" tensor-core blocks per expert) is a tuned parameter like the
 tiles, because the best one moves with route density. A grouped run includes its on-GPU
-routing step (``align_routes``), which a layer pays once for both GEMMs.
+routing step (``align_routes``), which a layer pays once for both GEMMs; a split-K run includes
+the sum of its partials, which the layer folds into the next kernel instead.
 """
 
 from __future__ import annotations
