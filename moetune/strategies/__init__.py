@@ -15,7 +15,7 @@ from .random import RandomSearch
 STRATEGIES: dict[str, type[Strategy]] = {
     s.name: s for s in (Exhaustive, RandomSearch, CoordinateDescent, ModelGuided)
 }
-DEFAULT_STRATEGY = "exhaustive"
+DEFAULT_STRATEGY = "model"
 
 
 def get_strategy(name: str) -> Strategy:
