@@ -39,9 +39,12 @@ def classify(exc: BaseException, on_gpu: bool) -> tuple[str, bool]:
 
 
 def describe(exc: BaseException, limit: int = 400) -> str:
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-    text = f"{type(exc).__name__}: {lines[-1] if lines else ''}".strip()
-    return text[:limit]
+    """One line: the CUDA error line when there is one (torch puts hints after it), else the last
+    line (Triton puts the source excerpt before its error)."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    cuda = [ln for ln in lines if any(m in ln for m in _CUDA_MARKERS)]
+    line = cuda[0] if cuda else lines[-1] if lines else ""
+    return f"{type(exc).__name__}: {line}".strip()[:limit]
 
 
 class _Candidate:

@@ -1,0 +1,50 @@
+"""How the worker names failures, and the timing summary and roofline arithmetic."""
+
+import pytest
+from triton.runtime.errors import OutOfResources
+
+from moetune.timing import roofline_frac, summarize
+from moetune.worker import classify, describe
+
+CUDA_TEXT = ("CUDA error: an illegal memory access was encountered\n"
+             "CUDA kernel errors might be asynchronously reported at some other API call\n"
+             "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+
+
+class AcceleratorError(RuntimeError):
+    """Stands in for torch.AcceleratorError (torch >= 2.8) on builds without it."""
+
+
+@pytest.mark.parametrize("exc, on_gpu, expected", [
+    (RuntimeError(CUDA_TEXT), True, ("crash", True)),
+    (AcceleratorError("anything"), True, ("crash", True)),
+    (OutOfResources(300_000, 232_448, "shared memory"), True, ("compile_error", False)),
+    (ValueError("BLOCK_SIZE_K must divide 128"), True, ("invalid", False)),
+    (KeyError("x"), True, ("crash", True)),  # unknown failure on a GPU: restart to be safe
+    (KeyError("x"), False, ("crash", False)),
+])
+def test_classify(exc, on_gpu, expected):
+    assert classify(exc, on_gpu) == expected
+
+
+def test_describe_keeps_the_telling_line():
+    first = CUDA_TEXT.splitlines()[0]
+    assert describe(RuntimeError(CUDA_TEXT)) == f"RuntimeError: {first}"
+    assert describe(ValueError("source excerpt\n  ^\nreal problem")) == "ValueError: real problem"
+    assert len(describe(ValueError("x" * 1000))) == 400
+
+
+def test_summarize():
+    s = summarize([float(x) for x in range(1, 11)])
+    assert s["time_ms"] == 5.5 and s["min_ms"] == 1.0 and s["n_runs"] == 10
+    assert s["spread"] == pytest.approx((8.2 - 2.8) / 5.5)
+    assert summarize([2.0])["spread"] == 0.0
+
+
+def test_roofline_frac():
+    # 4.27 GB in 1 ms on an H200 is the copy ceiling; the larger of the two terms counts.
+    assert roofline_frac("NVIDIA H200", 4_270_000_000, 0, 1000.0) == pytest.approx(1e-3)
+    assert roofline_frac("NVIDIA H200", 0, 790e9, 1.0) == pytest.approx(1.0)
+    assert roofline_frac("NVIDIA H200", 0, 1265e9, 1.0, mma="fp8") == pytest.approx(1.0)
+    assert roofline_frac("cpu-interpreter", 10, 10, 1.0) is None
+    assert roofline_frac("NVIDIA H200", 10, 10, None) is None
