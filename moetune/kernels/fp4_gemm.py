@@ -228,7 +228,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
         out.stride(0),
         A_DIV=a_div, GATHERED=gathered, DECODE=DECODES[config["DECODE"]], UNPACK=UNPACKS[config["UNPACK"]],
-        USE_ASM=UNPACKS[config["UNPACK"]] == 1 and not interp,
+        USE_ASM=UNPACKS[config["UNPACK"]] == 1 and not interp,  # the interpreter runs the Triton twin
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
