@@ -1,0 +1,353 @@
+"""Measure on several workers at once: one per GPU of this host (``--gpus``), or Ray actors (``--ray``).
+
+The plain sweep searches one problem at a time on one GPU. :class:`ParallelSweep`
+searches several problems at once, earliest first, so no worker idles while a
+point waits for its default's result or its strategy waits for a batch. Strategies
+that learn from results (:class:`~moetune.strategies.adaptive.AdaptiveStrategy`)
+are asked for batches of ``propose(n)``, n = the worker count, each batch observed
+whole before the next (what ``moetune replay --batch n`` scores); the others keep
+a sweep batch in flight so compiles run ahead of the GPUs.
+
+The sweep process stays the only writer of the store, so resume, claims and the
+no-loss rule hold as on one GPU; workers only measure. A backend
+(:class:`LocalBackend` here, :class:`moetune.ray_backend.RayBackend`) takes tasks
+and hands results back as they finish, from whichever worker ran them.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from .device import DeviceInfo, interpreter_active
+from .runner import Runner, WorkerHandle
+from .spec import Config, KernelSpec, Problem, canonical_json
+from .strategies import Observation, SearchContext, get_strategy
+from .strategies.adaptive import AdaptiveStrategy
+from .sweep import Point, Sweep
+
+
+# ---- choosing GPUs ---------------------------------------------------------------------------------------
+def gpu_count() -> int:
+    """CUDA GPUs this process sees (0 under the Triton interpreter)."""
+    if interpreter_active():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def parse_gpus(text: str, count: int) -> list[int]:
+    """``all`` or comma-separated indices of the ``count`` GPUs this host shows -> the indices, in order."""
+    text = text.strip()
+    if text.lower() == "all":
+        if count < 1:
+            raise ValueError("--gpus all: no CUDA GPU is visible on this host")
+        return list(range(count))
+    ids: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit():
+            raise ValueError(f"--gpus: {part!r} is not a GPU index (give all, or indices such as 0,1)")
+        i = int(part)
+        if i >= count:
+            seen = f"GPUs 0..{count - 1}" if count else "no GPU"
+            raise ValueError(f"--gpus: there is no GPU {i} on this host ({seen} visible)")
+        if i in ids:
+            raise ValueError(f"--gpus: GPU {i} is given twice")
+        ids.append(i)
+    return ids
+
+
+def measure_task(spec: KernelSpec, problem: Problem, config: Config, seed: int,
+                 timing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The task :func:`moetune.worker.handle` runs, the same one a plain :class:`Runner` sends."""
+    return {"mode": "measure", "kernel": spec.name, "spec_module": type(spec).__module__,
+            "problem": problem, "config": dict(config), "seed": Runner.seed_for(problem, config, seed),
+            "timing": dict(timing or {})}
+
+
+@dataclass
+class WorkerState:
+    """What the progress display shows per worker."""
+
+    name: str
+    where: str = ""
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    current: str | None = None
+
+
+def same_device(hellos: Sequence[dict[str, Any]], what: str) -> tuple[DeviceInfo, dict[str, str]]:
+    """The one device kind all workers measure on (its constraints plan the search); RuntimeError if mixed."""
+    names = sorted({h["device"]["name"] for h in hellos})
+    if len(names) > 1:
+        raise RuntimeError(f"{what}: the workers' GPUs differ ({', '.join(names)}); sweep one kind at a time")
+    return DeviceInfo(**hellos[0]["device"]), hellos[0]["versions"]
+
+
+# ---- the local backend: one worker per GPU -------------------------------------------------------------
+class LocalBackend:
+    """One measuring worker process per device index of this host, fed from one queue.
+
+    As in :class:`Runner`, candidates first compile on ``jobs`` processes (default: every core on
+    a GPU, none on the interpreter); one that fails, crashes or hangs there is final. Compiled ones
+    go to whichever measuring worker is free. ``devices`` entries are torch device indices; on
+    the interpreter any index works (the workers all run on the CPU), which the tests use.
+    """
+
+    def __init__(self, devices: Sequence[int | None], *, timeout: float = 60.0, jobs: int | None = None,
+                 timing: dict[str, Any] | None = None, log_dir: str | Path | None = None):
+        if not devices:
+            raise ValueError("--gpus: no GPU given")
+        if timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {timeout}")
+        if jobs is not None and jobs < 0:
+            raise ValueError(f"--jobs must be >= 0, got {jobs}")
+        self.devices, self.timeout, self.jobs, self.timing = list(devices), timeout, jobs, dict(timing or {})
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-workers-") if log_dir is None else log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.measurers = [WorkerHandle(f"gpu{d if d is not None else i}", d, self.log_dir)
+                          for i, d in enumerate(self.devices)]
+        self.compilers: list[WorkerHandle] = []
+        self.states = {h.name: WorkerState(h.name, f"cuda:{d}" if d is not None else "cpu")
+                       for h, d in zip(self.measurers, self.devices, strict=True)}
+        self.device: DeviceInfo | None = None
+        self.versions: dict[str, str] = {}
+        self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}  # key -> (task, label), until its result
+        self._compile_q: collections.deque = collections.deque()
+        self._measure_q: collections.deque = collections.deque()
+
+    @property
+    def workers(self) -> list[str]:
+        return [h.name for h in self.measurers]
+
+    def start(self) -> DeviceInfo:
+        for h in self.measurers:
+            if not h.alive:
+                h.launch()
+        self.device, self.versions = same_device([h.wait_ready() for h in self.measurers], "--gpus")
+        if self.device.is_gpu:
+            for h in self.measurers:
+                self.states[h.name].where = f"{self.device.name} (cuda:{h.device_index})"
+        if self.jobs is None:
+            self.jobs = (os.cpu_count() or 1) if self.device.is_gpu else 0
+        self.compilers = [WorkerHandle(f"compile{i}", self.devices[i % len(self.devices)], self.log_dir)
+                          for i in range(self.jobs)]
+        for h in self.compilers:
+            h.launch()
+        for h in self.compilers:
+            h.wait_ready()
+        return self.device
+
+    def capacity(self) -> int:
+        """Tasks it could take now without any of them waiting for more than one other."""
+        return max(0, len(self.measurers) + len(self.compilers) - len(self._tasks))
+
+    def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
+        self._tasks[key] = (task, label)
+        (self._compile_q if self.compilers else self._measure_q).append(key)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        lock = str(self.log_dir / "inputs.lock")
+        for h in self.compilers:
+            if not h.busy and self._compile_q:
+                key = self._compile_q.popleft()
+                h.submit(key, {**self._tasks[key][0], "mode": "compile", "lock": lock}, 2 * self.timeout)
+        for h in self.measurers:
+            if not h.busy and self._measure_q:
+                key = self._measure_q.popleft()
+                task, label = self._tasks[key]
+                h.submit(key, task, self.timeout)
+                self.states[h.name].current = label
+
+    def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
+        """(key, result, worker) for every task that ended within ``wait_s`` seconds."""
+        busy = [h for h in self.compilers + self.measurers if h.busy]
+        if not busy:
+            return []
+        left = min(h.deadline for h in busy) - time.monotonic()
+        wait([w for h in busy for w in h.waitables()], min(wait_s, max(0.0, left) + 0.01))
+        done = []
+        measurers = set(self.workers)
+        for h in busy:
+            got = h.collect()
+            if got is None:
+                continue
+            key, res = got
+            if h.name in measurers:
+                self.states[h.name].current = None
+            elif res["status"] == "ok":
+                self._measure_q.append(key)  # compiled: on to a GPU
+                continue
+            else:
+                res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
+            self._tasks.pop(key)
+            state = self.states.get(h.name)
+            if state is not None:
+                state.counts[res["status"]] += 1
+            done.append((key, res, h.name))
+        self._dispatch()
+        return done
+
+    def close(self) -> None:
+        for h in self.measurers + self.compilers:
+            h.stop()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalBackend:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ---- the driver ----------------------------------------------------------------------------------------
+@dataclass
+class _Search:
+    """One point's search in flight: its default first, alone, then its strategy's proposals."""
+
+    index: int
+    point: Point
+    strategy: Any = None
+    pending: set = field(default_factory=set)  # keys in flight
+    started: bool = False  # the default was looked at (measured, stored or claimed elsewhere)
+    idle: bool = False  # the strategy said "nothing now"; ask again after the next result
+    finished: bool = False
+
+
+class ParallelSweep(Sweep):
+    """A :class:`Sweep` whose runner is a parallel backend (``capacity``/``submit``/``poll``/``workers``)."""
+
+    def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
+        if self.runner.device is None:
+            self.runner.start()
+        if problems is not None or not self.points:
+            self.plan(problems or [], self.runner.device)
+        elif self.runner.device != self.device:  # planned on the driver, measured elsewhere (a Ray cluster)
+            self.plan([pt.problem for pt in self.points], self.runner.device)
+        self.on_event("start", points=self.points, total=sum(self.expected(pt) for pt in self.points),
+                      workers=self.runner.workers)
+        self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
+        searches = [_Search(i, pt) for i, pt in enumerate(self.points)]
+        inflight: dict[Any, tuple[_Search, Config]] = {}
+        try:
+            while True:
+                if not self._out_of_time():
+                    self._fill(searches, inflight)
+                if not inflight:
+                    break
+                for key, res, worker in self.runner.poll():
+                    search, config = inflight.pop(key)
+                    self._record(search, key, config, res, worker)
+        finally:  # stopped early: what was not measured goes back to whoever sweeps next
+            for search, config in inflight.values():
+                self.store.release(self._key(search.point.problem), config)
+        self.on_event("done", points=self.points)
+        return self.points
+
+    def _fill(self, searches: list[_Search], inflight: dict[Any, tuple[_Search, Config]]) -> None:
+        ttl = 3 * self.runner.timeout + 60
+        free = self.runner.capacity()
+        for s in searches:
+            while free > 0 and not s.finished:
+                configs = self._next(s, free)
+                if not configs:
+                    break
+                pt = s.point
+                key_of = self._key(pt.problem)
+                for config in configs:
+                    if not self.store.claim(key_of, config, ttl):
+                        continue  # stored meanwhile, or another sweep on this store is measuring it
+                    key = (s.index, canonical_json(config))
+                    inflight[key] = (s, config)
+                    s.pending.add(key)
+                    self.runner.submit(key, measure_task(pt.spec, pt.problem, config, self.seed,
+                                                         getattr(self.runner, "timing", None)),
+                                       f"{pt.problem.kernel} t{pt.problem.tokens} r{pt.problem.routes}")
+                    free -= 1
+            if free <= 0:
+                return
+
+    def _next(self, s: _Search, free: int) -> list[Config]:
+        pt = s.point
+        if not s.started:
+            s.started = True
+            self.on_event("point", point=pt)
+            if canonical_json(pt.default) not in {o.key for o in self._stored(pt.problem)}:
+                return [pt.default]  # the baseline, always first
+        if s.strategy is None:
+            if s.pending:
+                return []  # the default is being measured; the strategy starts from its result
+            s.strategy = get_strategy(self.strategy)
+            s.strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
+                                           self._hints(s.index), self.budget, self.seed))
+        if s.idle:
+            return []
+        workers = len(self.runner.workers)
+        if isinstance(s.strategy, AdaptiveStrategy):  # whole batches of one per worker (queued if need be)
+            n = 0 if s.pending else workers
+        else:
+            n = min(free, max(self.batch, workers) - len(s.pending))
+        batch = s.strategy.propose(n) if n > 0 else []
+        if not batch:
+            s.idle = bool(s.pending)
+            s.finished = not s.pending
+        return batch
+
+    def _record(self, s: _Search, key: Any, config: Config, res: dict[str, Any], worker: str) -> None:
+        t0 = time.monotonic()
+        s.pending.discard(key)
+        pt = s.point
+        row = self._row(pt, config, res)
+        self.store.add(row)
+        self.store.release(self._key(pt.problem), config)
+        obs = Observation.from_row(row)
+        pt.counts[obs.status] += 1
+        pt.note(obs)
+        if s.strategy is not None:
+            s.strategy.observe([obs])
+            s.idle = False
+        if "kernel_ms" in res and "parent_ms" in res:
+            self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
+        self.on_event("result", point=pt, row=row, obs=obs, worker=worker)
+
+
+# ---- what the CLI builds -------------------------------------------------------------------------------
+def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str | None = None,
+                ray_actors: int | None = None, ray_gpus_per_actor: float = 1.0, timeout: float = 60.0,
+                jobs: int | None = None) -> tuple[Any, type[Sweep]]:
+    """The measurement backend and the sweep driver for ``moetune sweep``'s options.
+
+    One GPU (no option, or ``--gpus`` naming one) is the plain :class:`Runner` and :class:`Sweep`.
+    """
+    if gpus is not None and ray:
+        raise ValueError("--gpus and --ray exclude each other (Ray places its actors on GPUs itself)")
+    if not ray and (ray_address is not None or ray_actors is not None or ray_gpus_per_actor != 1.0):
+        raise ValueError("--ray-address, --ray-actors and --ray-gpus-per-actor need --ray")
+    if ray:
+        from .ray_backend import RayBackend
+
+        return RayBackend(address=ray_address, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
+                          timeout=timeout), ParallelSweep
+    if gpus is None:
+        return Runner(timeout=timeout, jobs=jobs), Sweep
+    devices = parse_gpus(gpus, gpu_count())
+    if len(devices) == 1:
+        return Runner(timeout=timeout, jobs=jobs, device_index=devices[0]), Sweep
+    return LocalBackend(devices, timeout=timeout, jobs=jobs), ParallelSweep
+
+
+__all__ = ["LocalBackend", "ParallelSweep", "WorkerState", "gpu_count", "make_runner", "measure_task",
+           "parse_gpus"]

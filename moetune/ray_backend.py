@@ -1,0 +1,215 @@
+"""Ray actors as measuring workers: ``moetune sweep --ray`` over every GPU of a Ray cluster.
+
+Ray places the actors (one GPU each, or a share of one with ``gpus_per_actor`` < 1
+so several actors measure on one GPU); the driver hands each idle actor the next
+task and takes results back as they finish, so the sweep process stays the only
+writer of the store. Each actor runs the same spawned worker process as a local
+sweep (:mod:`moetune.worker`), where the kernel compiles and runs: a candidate
+that aborts, segfaults or hangs takes down only that process, and the actor
+reports ``crash``/``timeout`` exactly as a local runner does and starts a new one.
+An actor that dies itself (its node lost, ``ray.kill``) loses only the task it was
+running: that task goes back to the queue and a new actor takes its place. A
+candidate that has lost ``max_losses`` actors is recorded as a crash, so one that
+somehow kills its actor cannot stall the sweep.
+
+Ray is an optional extra; every node needs moetune (and any plugin specs) installed.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+from .device import DeviceInfo
+from .parallel import WorkerState, same_device
+from .runner import STARTUP_TIMEOUT_S, WorkerHandle
+
+INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ray]'"
+MAX_LOSSES = 3
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ValueError that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(INSTALL_HINT) from None
+    return ray
+
+
+class MeasureActor:
+    """Lives in a Ray actor process: one moetune worker process on the GPU(s) Ray gave the actor."""
+
+    def __init__(self, name: str):
+        self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-ray-"))
+        # Ray sets CUDA_VISIBLE_DEVICES for the actor; the worker inherits it and uses device 0 of those.
+        self.handle = WorkerHandle(name, None, self.log_dir)
+
+    def hello(self) -> dict[str, Any]:
+        """The worker's device and versions, plus where this actor runs."""
+        import socket
+
+        if not self.handle.alive:
+            self.handle.stop()
+            self.handle.launch()
+        return {**self.handle.wait_ready(), "host": socket.gethostname(), "pid": os.getpid(),
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+
+    def run(self, task: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Measure one candidate; every way it can end is a result (the worker restarts after a crash)."""
+        h = self.handle
+        h.submit("task", task, timeout)
+        while True:
+            wait(h.waitables(), max(0.0, h.deadline - time.monotonic()) + 0.01)
+            got = h.collect()
+            if got is not None:
+                return got[1]
+
+    def close(self) -> None:
+        self.handle.stop()
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+class RayBackend:
+    """Actors across a Ray cluster (``address``, default: start a local one), fed from one queue.
+
+    ``actors`` defaults to the cluster's GPUs divided by ``gpus_per_actor``; a cluster with no
+    GPU gets one CPU actor per CPU (the Triton interpreter: accuracy checks only).
+    """
+
+    def __init__(self, *, address: str | None = None, actors: int | None = None, gpus_per_actor: float = 1.0,
+                 timeout: float = 60.0, timing: dict[str, Any] | None = None, max_losses: int = MAX_LOSSES):
+        if actors is not None and actors < 1:
+            raise ValueError(f"--ray-actors must be >= 1, got {actors}")
+        if not 0 < gpus_per_actor <= 1:
+            raise ValueError(f"--ray-gpus-per-actor must be in (0, 1], got {gpus_per_actor}")
+        if timeout <= 0:
+            raise ValueError(f"--timeout must be positive, got {timeout}")
+        if max_losses < 1:
+            raise ValueError(f"max_losses must be >= 1, got {max_losses}")
+        self.ray = import_ray()
+        self.address, self.n_actors, self.gpus_per_actor = address, actors, gpus_per_actor
+        self.timeout, self.timing, self.max_losses = timeout, dict(timing or {}), max_losses
+        self.device: DeviceInfo | None = None
+        self.versions: dict[str, str] = {}
+        self.actors: list[Any] = []
+        self.states: dict[str, WorkerState] = {}
+        self._actor_cls: Any = None
+        self._own_cluster = False
+        self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}
+        self._queue: collections.deque = collections.deque()
+        self._running: dict[Any, tuple[Any, int]] = {}  # object ref -> (key, actor slot)
+        self._busy: set[int] = set()
+        self.losses: collections.Counter = collections.Counter()  # key -> actors lost while running it
+
+    @property
+    def workers(self) -> list[str]:
+        return list(self.states)
+
+    def start(self) -> DeviceInfo:
+        ray = self.ray
+        if not ray.is_initialized():
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            self._own_cluster = True
+        gpus = ray.cluster_resources().get("GPU", 0.0)
+        if gpus:
+            n = self.n_actors or int(gpus / self.gpus_per_actor + 1e-9)
+            opts = {"num_gpus": self.gpus_per_actor, "num_cpus": 1}
+        else:
+            n = self.n_actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
+            opts = {"num_gpus": 0, "num_cpus": 1}
+        self._actor_cls = ray.remote(max_restarts=0, **opts)(MeasureActor)
+        self.states = {f"actor{i}": WorkerState(f"actor{i}") for i in range(n)}
+        self.actors = [self._new_actor(i) for i in range(n)]
+        try:
+            hellos = ray.get([a.hello.remote() for a in self.actors], timeout=STARTUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(f"--ray: {n} actor(s) did not start within {STARTUP_TIMEOUT_S:.0f} s "
+                               f"(does the cluster have {n * opts['num_gpus']:g} free GPU(s)?)") from None
+        except ray.exceptions.RayError as e:
+            why = str(e).strip().splitlines()[-1]
+            raise RuntimeError(f"--ray: an actor failed to start: {why}") from None
+        for state, h in zip(self.states.values(), hellos, strict=True):
+            gpu = f" gpu {h['gpus']}" if h["gpus"] else ""
+            state.where = f"{h['host']}{gpu} pid {h['pid']}"
+        self.device, self.versions = same_device(hellos, "--ray")
+        return self.device
+
+    def _new_actor(self, slot: int) -> Any:
+        return self._actor_cls.remote(f"actor{slot}")
+
+    def capacity(self) -> int:
+        return max(0, len(self.actors) - len(self._tasks))
+
+    def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
+        self._tasks[key] = (task, label)
+        self._queue.append(key)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        for slot, actor in enumerate(self.actors):
+            if slot not in self._busy and self._queue:
+                key = self._queue.popleft()
+                task, label = self._tasks[key]
+                self._running[actor.run.remote(task, self.timeout)] = (key, slot)
+                self._busy.add(slot)
+                self.states[f"actor{slot}"].current = label
+
+    def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
+        """(key, result, actor) for every task that ended within ``wait_s`` seconds."""
+        ray = self.ray
+        if not self._running:
+            return []
+        ready, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
+        if ready:
+            rest = [r for r in self._running if r not in ready]
+            ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
+        done = []
+        for ref in ready:
+            key, slot = self._running.pop(ref)
+            self._busy.discard(slot)
+            name = f"actor{slot}"
+            self.states[name].current = None
+            try:
+                res = ray.get(ref)
+            except ray.exceptions.RayActorError as e:  # the actor is gone, not (necessarily) the candidate
+                self.losses[key] += 1
+                self.states[name].counts["lost"] += 1
+                self.actors[slot] = self._new_actor(slot)
+                if self.losses[key] < self.max_losses:
+                    self._queue.appendleft(key)  # its unfinished work goes to the next free actor
+                    continue
+                why = str(e).strip().splitlines()[0][:200]
+                res = {"status": "crash",
+                       "reason": f"lost {self.losses[key]} Ray actors while measuring it ({why})"}
+            except ray.exceptions.RayTaskError as e:  # moetune's own code failed in the actor
+                raise RuntimeError(f"--ray: {name} failed: {str(e).strip().splitlines()[-1]}") from None
+            self._tasks.pop(key)
+            self.states[name].counts[res["status"]] += 1
+            done.append((key, res, name))
+        self._dispatch()
+        return done
+
+    def close(self) -> None:
+        ray = self.ray
+        refs = [actor.close.remote() for actor in self.actors]  # stop the workers, remove the logs
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=30)
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        if self._own_cluster:
+            ray.shutdown()
+
+    def __enter__(self) -> RayBackend:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,198 @@
+"""Sweeps over several workers: --gpus parsing, the parallel driver, the local per-GPU pool, the CLI."""
+
+import collections
+import json
+import sys
+
+import crashy_spec
+import pytest
+from typer.testing import CliRunner
+
+from moetune import parallel
+from moetune.cli import app
+from moetune.device import INTERPRETER
+from moetune.export import export
+from moetune.models import get_model
+from moetune.parallel import LocalBackend, ParallelSweep, make_runner, parse_gpus
+from moetune.runner import Runner
+from moetune.spec import canonical_json, get_spec
+from moetune.store import Store
+from moetune.strategies import STRATEGIES
+from moetune.sweep import Sweep
+
+
+# ---- --gpus ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,count,want", [("all", 4, [0, 1, 2, 3]), ("ALL", 1, [0]), ("2,0", 3, [2, 0]),
+                                             (" 1 ", 2, [1])])
+def test_parse_gpus(text, count, want):
+    assert parse_gpus(text, count) == want
+
+
+@pytest.mark.parametrize("text,count,match", [
+    ("all", 0, "no CUDA GPU"), ("2", 2, r"no GPU 2 .*GPUs 0\.\.1"), ("0", 0, r"no GPU 0 .*no GPU visible"),
+    ("a", 2, "'a' is not a GPU index"), ("-1", 2, "not a GPU index"), ("0,0", 2, "given twice"),
+    ("", 2, "not a GPU index"), ("0,,1", 2, "not a GPU index"),
+])
+def test_parse_gpus_rejects(text, count, match):
+    with pytest.raises(ValueError, match=f"--gpus.*{match}"):
+        parse_gpus(text, count)
+
+
+def test_make_runner_picks_the_backend(monkeypatch):
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
+    runner, driver = make_runner(gpus="2")  # one GPU: exactly the plain sweep, on that GPU
+    assert type(runner) is Runner and driver is Sweep and runner.device_index == 2
+    runner.close()
+    runner, driver = make_runner(gpus="all", timeout=5)
+    assert isinstance(runner, LocalBackend) and driver is ParallelSweep
+    assert runner.workers == ["gpu0", "gpu1", "gpu2"] and runner.devices == [0, 1, 2]
+    runner.close()
+    with pytest.raises(ValueError, match="--gpus and --ray"):
+        make_runner(gpus="all", ray=True)
+    with pytest.raises(ValueError, match="need --ray"):
+        make_runner(ray_address="auto")
+
+
+def test_ray_missing_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(ValueError, match=r"pip install 'moetune\[ray\]'"):
+        make_runner(ray=True)
+
+
+# ---- the driver, on a fake backend (no processes) -------------------------------------------------------
+class FakeBackend:
+    """Workers that answer at once: every candidate ok, time from its config; records what it ran."""
+
+    def __init__(self, n):
+        self.workers = [f"w{i}" for i in range(n)]
+        self.device, self.versions, self.timeout, self.timing = INTERPRETER, {}, 1.0, {}
+        self.queue, self.ran = collections.deque(), []
+
+    def capacity(self):
+        return len(self.workers) - len(self.queue)
+
+    def submit(self, key, task, label=""):
+        self.queue.append((key, task))
+
+    def poll(self):
+        out = []
+        while self.queue:
+            key, task = self.queue.popleft()
+            cfg = task["config"]
+            self.ran.append((task["problem"].tokens, canonical_json(cfg)))
+            t = 1.0 + (hash(canonical_json(cfg)) % 97) / 10
+            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, self.workers[len(out) % 2]))
+            if len(out) == 2:  # results arrive a few at a time
+                break
+        return out
+
+
+def _problems(kernel, tokens):
+    spec = get_spec(kernel)
+    return [spec.problem(spec.shape_from_model(get_model("tiny")), t) for t in tokens]
+
+
+def test_driver_measures_every_candidate_once_across_points(tmp_path):
+    problems = _problems("test.steady", [1, 2, 4])
+    backend = FakeBackend(4)
+    with Store(tmp_path / "r.sqlite") as store:
+        points = ParallelSweep(store, backend, strategy="exhaustive").run(problems)
+        rows = store.frame()
+        assert store._conn.execute("SELECT COUNT(*) FROM claims").fetchone()[0] == 0  # all released
+    keys = list(zip(rows["tokens"], rows["config"], strict=True))
+    assert len(keys) == len(set(keys)) == 18 and sorted(keys) == sorted(backend.ran)
+    default = canonical_json(crashy_spec.STEADY.default)
+    for t in (1, 2, 4):  # the default is each point's first row, the baseline
+        assert rows[rows["tokens"] == t].iloc[0]["config"] == default
+    assert all(pt.baseline is not None and sum(pt.counts.values()) == 6 for pt in points)
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_adaptive_strategies_get_whole_batches_of_the_worker_count(tmp_path, monkeypatch, workers):
+    sizes = []
+
+    class Recording(STRATEGIES["coordinate"]):
+        def propose(self, n):
+            batch = super().propose(n)
+            sizes.append((n, len(batch)))
+            return batch
+
+        def observe(self, results):
+            assert len(results) == 1
+            super().observe(results)
+
+    monkeypatch.setattr(parallel, "get_strategy", lambda name: Recording())
+    problems = _problems("fp8_decode.gate_up", [1, 16])
+    with Store(tmp_path / "r.sqlite") as store:
+        ParallelSweep(store, FakeBackend(workers), strategy="coordinate", budget=12).run(problems)
+        rows = store.frame()
+    assert sizes and {n for n, _ in sizes} == {workers}  # propose(n), n = the worker count, every time
+    assert sum(k for _, k in sizes) == len(rows) - 2  # everything proposed was measured, defaults aside
+    for t in (1, 16):
+        assert rows[rows["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
+
+
+# ---- the local pool: fake GPU indices on interpreter workers ---------------------------------------------
+def _sweep(db, runner, driver, problems, strategy="exhaustive", **kw):
+    with Store(db) as store, runner:
+        driver(store, runner, strategy=strategy, **kw).run(problems)
+        return store.frame()
+
+
+def test_pool_covers_the_same_candidates_as_a_plain_sweep_and_resumes(tmp_path):
+    problems = _problems("test.steady", [1, 2])
+    plain = _sweep(tmp_path / "plain.sqlite", Runner(timeout=30, jobs=0), Sweep, problems)
+    db = tmp_path / "pool.sqlite"
+    with Store(db) as s:  # a sweep cut short: three of its measurements are already stored
+        for row in plain.drop(columns="id").iloc[[0, 4, 7]].to_dict("records"):
+            s.add(row)
+        before = s.frame()
+    pool = _sweep(db, LocalBackend([0, 1], timeout=30, jobs=1), ParallelSweep, problems)
+    key = ["tokens", "config", "status"]
+    assert len(pool) == len(plain) == 12 and not pool.duplicated(["tokens", "config"]).any()
+    assert sorted(map(tuple, pool[key].values)) == sorted(map(tuple, plain[key].values))
+    assert pool[pool["id"].isin(before["id"])].equals(before)  # resumed: nothing redone, nothing lost
+    assert pool["sweep_id"].nunique() == 2
+    result = export(db, tmp_path / "tables")  # rows of both workers (one device name) make one table
+    tables = [f.path for f in result.files if "cpu_interpreter" in str(f.path)]
+    assert len(tables) == 1
+    doc = json.loads(tables[0].read_text())
+    assert sorted(e["tokens"] for e in doc["entries"]) == [1, 2]
+
+
+EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
+            "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
+
+
+def test_pool_keeps_crash_isolation(tmp_path):
+    backend = LocalBackend([0, 1], timeout=3.0, jobs=0)
+    rows = _sweep(tmp_path / "r.sqlite", backend, ParallelSweep, _problems("test.crashy", [2]))
+    got = {json.loads(c)["mode"]: s for c, s in zip(rows["config"], rows["status"], strict=True)
+           if json.loads(c)["v"] == 0}
+    assert got == EXPECTED and len(rows) == 10 and rows["config"].is_unique
+    assert (rows["status"] == "ok").sum() == 3
+    per_worker = [sum(st.counts.values()) for st in backend.states.values()]
+    assert sum(per_worker) == 10 and min(per_worker) > 0  # both workers measured
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+def test_cli_gpus_runs_one_row_per_worker(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
+                                   "--db", str(db), "--gpus", "all", "--strategy", "exhaustive"])
+    assert res.exit_code == 0, res.output
+    assert "gpu0" in res.output and "gpu1" in res.output and "workers" in res.output
+    with Store(db) as s:
+        assert s.count() == 6 and s.frame()["config"].is_unique
+
+
+@pytest.mark.parametrize("args,match", [(["--gpus", "3"], "no GPU 3"), (["--gpus", "0", "--ray"], "exclude"),
+                                        (["--ray-actors", "2"], "need --ray")])
+def test_cli_bad_parallel_options(tmp_path, monkeypatch, args, match):
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
+                                   "--db", str(db), *args])
+    assert res.exit_code != 0 and match in res.output and "Traceback" not in res.output
+    assert not db.exists()
