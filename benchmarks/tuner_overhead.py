@@ -43,7 +43,7 @@ def phase_crash(db: Path, model: str, timeout: float) -> dict:
     problem = spec.problem(spec.shape_from_model(get_model(model)), 16)
     t0 = time.monotonic()
     with Store(db) as store, Runner(timeout=timeout, jobs=0) as runner:
-        points = Sweep(store, runner).run([problem])
+        points = Sweep(store, runner, strategy="exhaustive").run([problem])
         rows = store.frame(kernel="test.crashy")
     modes = {}
     for r in rows.to_dict("records"):

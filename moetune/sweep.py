@@ -20,7 +20,7 @@ from .device import DeviceInfo
 from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 from .store import Store
-from .strategies import Observation, SearchContext, get_strategy
+from .strategies import DEFAULT_STRATEGY, Observation, SearchContext, get_strategy
 
 BATCH = 64  # candidates proposed (and compiled in parallel) at a time
 
@@ -84,7 +84,7 @@ def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
 class Sweep:
     """Runs problems through a strategy, a runner and a store."""
 
-    def __init__(self, store: Store, runner: Runner, *, strategy: str = "exhaustive",
+    def __init__(self, store: Store, runner: Runner, *, strategy: str = DEFAULT_STRATEGY,
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
                  sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs

@@ -56,7 +56,8 @@ EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "inva
 
 @pytest.mark.parametrize("jobs", [0, 1], ids=["measure-stage", "compile-stage"])
 def test_crash_isolation(tmp_path, jobs):
-    points, rows = sweep(tmp_path / "r.sqlite", "test.crashy", [2], jobs=jobs, timeout=3.0)
+    points, rows = sweep(tmp_path / "r.sqlite", "test.crashy", [2], jobs=jobs, timeout=3.0,
+                         strategy="exhaustive")
     records = [{**r, **json.loads(r["config"])} for r in rows.to_dict("records")]
     got = {r["mode"]: r for r in records if r["v"] == 0}
     assert {m: r["status"] for m, r in got.items()} == EXPECTED
@@ -74,7 +75,7 @@ def test_crash_isolation(tmp_path, jobs):
 def _cli(db, *args, sleep="0"):
     env = {**os.environ, "TRITON_INTERPRET": "1", "CRASHY_SLEEP": sleep}
     cmd = [sys.executable, "-c", CLI, str(TESTS), "sweep", "--kernel", "test.steady", "--model", "tiny",
-           "--tokens", "1", "--db", str(db), "--quiet", *args]
+           "--tokens", "1", "--strategy", "exhaustive", "--db", str(db), "--quiet", *args]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -142,8 +143,8 @@ def test_rerun_measures_nothing_new(tmp_path):
     spec = crashy_spec.STEADY
     problems = [spec.problem(spec.shape_from_model(get_model("tiny")), 1)]
     with Store(db) as store, Runner(timeout=30) as runner:
-        first = Sweep(store, runner).run(problems)
-        again = Sweep(store, runner).run(problems)
+        first = Sweep(store, runner, strategy="exhaustive").run(problems)
+        again = Sweep(store, runner, strategy="exhaustive").run(problems)
         rows = store.frame()
     assert len(rows) == 6 and sum(again[0].counts.values()) == 0 and again[0].already == 6
     assert canonical_json(again[0].best.config) == canonical_json(first[0].best.config)

@@ -132,7 +132,8 @@ def sweep(
                                                     "(decode default 1,0.5,0.25)")] = None,
     routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file.npy|.pt>; comma separated "
                                               "for several")] = "uniform",
-    strategy: Annotated[str, typer.Option(help="search strategy: exhaustive or random")] = "exhaustive",
+    strategy: Annotated[str | None, typer.Option(help="search strategy (exhaustive, random, ...); default: "
+                                                     "the recommended one")] = None,
     budget: Annotated[int | None, typer.Option(help="most measurements per point")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
     db: Annotated[Path, typer.Option(help="results database")] = Path("results/moetune.sqlite"),
@@ -141,34 +142,47 @@ def sweep(
                                                   "the interpreter)")] = None,
     time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
                                                           "results (rerun to continue)")] = None,
+    gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
+                                                  "such as 0,1 (one worker each)")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="measure on Ray actors across a Ray cluster "
+                                                    "(pip install 'moetune[ray]')")] = False,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster to join (default: start a local "
+                                                         "one)")] = None,
+    ray_actors: Annotated[int | None, typer.Option(help="Ray actors (default: the cluster's GPUs / "
+                                                        "--ray-gpus-per-actor)")] = None,
+    ray_gpus_per_actor: Annotated[float, typer.Option(help="GPU share per Ray actor (0.5: two actors per "
+                                                           "GPU)")] = 1.0,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
     from ..device import device_info
+    from ..parallel import make_runner
     from ..problems import build_plan
-    from ..runner import Runner
     from ..store import Store
-    from ..strategies import get_strategy
+    from ..strategies import DEFAULT_STRATEGY, get_strategy
     from ..sweep import Sweep, plan_points
+    from ._workers import WorkerDisplay
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         device = device_info()
         plan = build_plan(split_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
                           tokens=split_list(tokens, int), routes=split_list(routes, int),
                           active=split_list(active, float), routing=split_list(routing), device=device)
+        strategy = strategy or DEFAULT_STRATEGY
         get_strategy(strategy)
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
         points = plan_points(plan.problems, device)
-        runner = Runner(timeout=timeout, jobs=jobs)
+        runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
+                                     ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs)
         try:
             store = Store(db)
         except ValueError:
             runner.close()
             raise
-        sw = Sweep(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit)
+        sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
@@ -179,7 +193,9 @@ def sweep(
     pruned = sum(pt.pruned for pt in points)
     console.print(f"{len(points)} point(s), {sum(len(pt.candidates) for pt in points)} candidates after "
                   f"constraints ({pruned} pruned), strategy {strategy}, store {db}")
-    display = None if quiet else Display(interpreter)
+    display = None
+    if not quiet:  # several workers: one row each
+        display = Display(interpreter) if driver is Sweep else WorkerDisplay(interpreter, runner)
     sw.on_event = display.on_event if display else sw.on_event
     interrupted = False
     try:
