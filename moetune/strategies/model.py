@@ -15,9 +15,8 @@ Phases over the search budget:
 1. warm start and exploration: the hints (best configs of neighbouring densities),
    then a seeded random sample (``EXPLORE`` of the budget);
 2. the model: expected improvement over the best measured log time; a batch is
-   filled greedily, each pick discounting the improvement expected of candidates
-   correlated with it (local penalisation), so a batch spreads out instead of piling
-   on one spot;
+   filled greedily, each pick added to the model at its predicted mean (kriging
+   believer) so a batch spreads out instead of piling on one spot;
 3. the polish (from ``POLISH`` of the budget on): best-first coordinate moves around
    the fastest configs; when those run dry the model proposes again.
 
@@ -138,21 +137,22 @@ class ModelGuided(AdaptiveStrategy):
         if len(idx) >= REFIT * self._fitted_at:
             self._scales = fit_scales(x, ys, noise, self._scales)
             self._fitted_at = len(idx)
-        gp = GP(self._scales, noise)
-        gp.fit(x, ys)
         pool = np.flatnonzero(open_)
         if len(pool) > POOL:  # the acquisition on a seeded sample keeps huge spaces cheap
             pool = np.sort(self._rng.choice(pool, POOL, replace=False))
-        feats = self.space.features[pool]
-        m, s = gp.predict(feats)
-        z = (ys.min() - m) / s
-        ei = (ys.min() - m) * _norm_cdf(z) + s * _norm_pdf(z)
+        best = ys.min()
         picks: list[int] = []
         for _ in range(min(k, len(pool))):
+            gp = GP(self._scales, noise)
+            gp.fit(x, ys)
+            m, s = gp.predict(self.space.features[pool])
+            z = (best - m) / s
+            ei = (best - m) * _norm_cdf(z) + s * _norm_pdf(z)
             j = int(np.argmax(ei))
             picks.append(int(pool[j]))
-            ei = ei * (1.0 - gp.kernel(feats, feats[j:j + 1])[:, 0])  # what the pick will tell is discounted
-            ei[j] = -np.inf
+            x = np.vstack([x, self.space.features[pool[j]]])  # kriging believer: the pick at its mean
+            ys = np.append(ys, m[j])
+            pool = np.delete(pool, j)
         return picks
 
     # ---- proposals -----------------------------------------------------------------------------------
