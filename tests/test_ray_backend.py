@@ -1,0 +1,81 @@
+"""Ray actors as workers, on a local 2-CPU cluster that declares one (fake) GPU shared by two actors."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'moetune[ray]'")
+
+import crashy_spec  # noqa: E402  (registers test.crashy and test.steady)
+
+from moetune.models import get_model  # noqa: E402
+from moetune.parallel import ParallelSweep  # noqa: E402
+from moetune.ray_backend import RayBackend  # noqa: E402
+from moetune.spec import canonical_json  # noqa: E402
+from moetune.store import Store  # noqa: E402
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Actors inherit this environment: the test specs' folder on the path, slow candidates, interpreter."""
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "CRASHY_SLEEP")}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
+    os.environ["CRASHY_SLEEP"] = "0.1"
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _problems(spec, tokens):
+    return [spec.problem(spec.shape_from_model(get_model("tiny")), t) for t in tokens]
+
+
+EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
+            "compile": "compile_error", "abort": "crash"}
+
+
+def test_two_actors_sharing_a_gpu_measure_every_candidate_once_despite_crashes_and_a_killed_actor(
+        tmp_path, cluster):
+    # All-good candidates at one point; at another, the first 8 of the crashing spec in space order
+    # (3 ok, then wrong, raise, refuse, compile, abort: a candidate that kills its worker process).
+    problems = _problems(crashy_spec.STEADY, [1]) + _problems(crashy_spec.SPEC, [2])
+    backend = RayBackend(gpus_per_actor=0.5, timeout=60)  # the cluster's one GPU, two actors on it
+    killed = []
+
+    def on_event(kind, **data):
+        if kind == "result" and not killed:
+            other = 1 - int(data["worker"].removeprefix("actor"))  # still busy with a candidate
+            ray.kill(backend.actors[other])
+            killed.append(other)
+
+    with Store(tmp_path / "ray.sqlite") as store, backend:
+        assert [st.where.split(" gpu ")[1].split()[0] for st in backend.states.values()] == ["0", "0"]
+        sweep = ParallelSweep(store, backend, strategy="exhaustive", budget=8, on_event=on_event)
+        points = sweep.run(problems)
+        rows = store.frame()
+    assert killed and backend.states[f"actor{killed[0]}"].counts["lost"] == 1  # rescheduled, not recorded
+    # exactly what a single-worker exhaustive sweep measures: the default, then candidates in order
+    want = set()
+    for pt in points:
+        order = dict.fromkeys(canonical_json(c) for c in [pt.default, *pt.candidates])
+        want |= {(pt.problem.tokens, c) for c in list(order)[:8]}
+    got = list(zip(rows["tokens"], rows["config"], strict=True))
+    assert len(got) == len(set(got)) == len(want) == 14 and set(got) == want
+    steady = rows[rows["tokens"] == 1]
+    assert (steady["status"] == "ok").all()
+    crashy = rows[rows["tokens"] == 2]
+    crashy = {json.loads(c)["mode"]: s for c, s in zip(crashy["config"], crashy["status"], strict=True)
+              if json.loads(c)["v"] == 0}
+    assert crashy == EXPECTED
+    abort = rows[rows["config"].str.contains('"abort"')]["reason"].iloc[0]
+    assert "SIGABRT" in abort  # the worker process died; its actor lived on and measured more
+    assert sum(st.counts["lost"] for st in backend.states.values()) == 1
