@@ -109,7 +109,7 @@ def _writer(path, worker, n):
 def test_concurrent_writers_lose_nothing(tmp_path):
     path = tmp_path / "r.sqlite"
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(3)]
+    procs = [ctx.Process(target=_writer, args=(path, w, 60)) for w in range(2)]
     for p in procs:
         p.start()
     for p in procs:
