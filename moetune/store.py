@@ -80,21 +80,29 @@ def _alive(pid: int) -> bool:
 class Store:
     """A moetune results database at ``path`` (created with its schema when missing).
 
-    ``create=False`` refuses a missing file (for readers such as ``moetune export``).
+    ``create=False`` refuses a missing file (for readers such as ``moetune export``);
+    ``readonly=True`` also never writes (no schema upgrade, no WAL switch), so listing a
+    store on read-only media or someone else's file changes nothing.
     """
 
-    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True):
+    def __init__(self, path: str | Path = DEFAULT_PATH, *, create: bool = True, readonly: bool = False):
         self.path = Path(path)
+        self.readonly = readonly
         if self.path.exists():
             if not self.path.is_file():
                 raise ValueError(f"results database {self.path} is not a file")
-            self._check_existing()
-        elif not create:
+            has_tables = self._check_existing()
+            if readonly and not has_tables:
+                raise ValueError(f"results database {self.path} is empty")
+        elif not create or readonly:
             raise FileNotFoundError(f"no results database at {self.path}")
         else:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = self._connect()
-        self._init_schema()
+        if readonly:
+            self._conn = self._connect_readonly()
+        else:
+            self._conn = self._connect()
+            self._init_schema()
 
     # ---- opening ---------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -102,10 +110,20 @@ class Store:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         return conn
 
-    def _check_existing(self) -> None:
-        """ValueError (naming the path) unless the file is empty or a moetune store; read-only."""
+    def _connect_readonly(self) -> sqlite3.Connection:
+        uri = self.path.resolve().as_uri()
+        try:
+            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn.execute("SELECT 1 FROM meta LIMIT 1")
+        except sqlite3.OperationalError:  # WAL file on read-only media: no -shm can be made; read as is
+            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+        return conn
+
+    def _check_existing(self) -> bool:
+        """ValueError (naming the path) unless the file is empty or a moetune store; read-only.
+        Returns whether it has tables (False: a new, empty file)."""
         if self.path.stat().st_size == 0:
-            return
+            return False
         try:
             with open(self.path, "rb") as f:
                 header = f.read(16)
@@ -124,12 +142,13 @@ class Store:
         except sqlite3.Error as e:
             raise ValueError(f"cannot read results database {self.path}: {e}") from e
         if not tables:
-            return  # an empty SQLite file (e.g. another sweep is creating it right now)
+            return False  # an empty SQLite file (e.g. another sweep is creating it right now)
         if meta.get("schema") != SCHEMA_NAME:
             raise ValueError(f"{self.path} is not a moetune results database (no moetune meta table)")
         if meta.get("version") != SCHEMA_VERSION:
             raise ValueError(f"{self.path} has moetune results schema version {meta.get('version')!r}; "
                              f"this moetune reads version {SCHEMA_VERSION}")
+        return True
 
     def _init_schema(self) -> None:
         try:
@@ -164,6 +183,8 @@ class Store:
         ``shape``/``config`` may be dicts (stored as canonical JSON); ``timestamp``
         defaults to now. Unknown columns or statuses are a ValueError.
         """
+        if self.readonly:
+            raise ValueError(f"results database {self.path} was opened read-only")
         unknown = set(row) - set(COLUMN_NAMES[1:])
         if unknown:
             raise ValueError(f"unknown measurement column(s) {sorted(unknown)}")
@@ -221,6 +242,8 @@ class Store:
         False when it is already stored, or claimed by another live sweep. A claim of a
         process that died (same host) or that expired is taken over.
         """
+        if self.readonly:
+            raise ValueError(f"results database {self.path} was opened read-only")
         pkey, ckey, host, now = self._point(point), _as_text(config), socket.gethostname(), time.time()
         self._conn.execute("BEGIN IMMEDIATE")
         try:

@@ -140,3 +140,25 @@ def test_claims(tmp_path):
         s.add(row({"x": 1}))
         s.release(POINT, {"x": 1})
         assert not s.claim(POINT, {"x": 1}, ttl=60)  # stored: never measured again
+
+
+def test_readonly_open_changes_nothing(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with Store(path) as s:
+        s.add(row({"a": 1}))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE claims")  # a store from before claims existed
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.commit()
+    conn.close()
+    before = digest(path)
+    with Store(path, readonly=True) as s:
+        assert len(s.frame()) == 1
+        with pytest.raises(ValueError, match="read-only"):
+            s.add(row({"a": 2}))
+    assert digest(path) == before
+    with pytest.raises(FileNotFoundError):
+        Store(tmp_path / "none.sqlite", readonly=True)
+    (tmp_path / "empty.sqlite").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty"):
+        Store(tmp_path / "empty.sqlite", readonly=True)

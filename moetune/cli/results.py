@@ -46,7 +46,7 @@ def results(
     from ..store import Store
 
     with user_errors():
-        with Store(db, create=False) as store:
+        with Store(db, readonly=True) as store:
             frame = store.frame()
         frame = select(frame, split_list(kernel), split_list(status), device)
     if csv:
