@@ -139,27 +139,6 @@ def _sweep(db, runner, driver, problems, strategy="exhaustive", **kw):
         return store.frame()
 
 
-def test_pool_covers_the_same_candidates_as_a_plain_sweep_and_resumes(tmp_path):
-    problems = _problems("test.steady", [1, 2])
-    plain = _sweep(tmp_path / "plain.sqlite", Runner(timeout=30, jobs=0), Sweep, problems)
-    db = tmp_path / "pool.sqlite"
-    with Store(db) as s:  # a sweep cut short: three of its measurements are already stored
-        for row in plain.drop(columns="id").iloc[[0, 4, 7]].to_dict("records"):
-            s.add(row)
-        before = s.frame()
-    pool = _sweep(db, LocalBackend([0, 1], timeout=30, jobs=1), ParallelSweep, problems)
-    key = ["tokens", "config", "status"]
-    assert len(pool) == len(plain) == 12 and not pool.duplicated(["tokens", "config"]).any()
-    assert sorted(map(tuple, pool[key].values)) == sorted(map(tuple, plain[key].values))
-    assert pool[pool["id"].isin(before["id"])].equals(before)  # resumed: nothing redone, nothing lost
-    assert pool["sweep_id"].nunique() == 2
-    result = export(db, tmp_path / "tables")  # rows of both workers (one device name) make one table
-    tables = [f.path for f in result.files if "cpu_interpreter" in str(f.path)]
-    assert len(tables) == 1
-    doc = json.loads(tables[0].read_text())
-    assert sorted(e["tokens"] for e in doc["entries"]) == [1, 2]
-
-
 EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
             "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
 
@@ -176,15 +155,30 @@ def test_pool_keeps_crash_isolation(tmp_path):
 
 
 # ---- the command ---------------------------------------------------------------------------------------
-def test_cli_gpus_runs_one_row_per_worker(tmp_path, monkeypatch):
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)
-    db = tmp_path / "r.sqlite"
-    res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
-                                   "--db", str(db), "--gpus", "all", "--strategy", "exhaustive"])
+def test_cli_gpus_covers_what_a_plain_sweep_does_resumes_and_exports_one_table(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)  # two fake GPUs: interpreter workers
+    problems = _problems("test.steady", [1, 2])
+    plain = _sweep(tmp_path / "plain.sqlite", Runner(timeout=30, jobs=0), Sweep, problems)
+    db = tmp_path / "pool.sqlite"
+    with Store(db) as s:  # a sweep cut short: three of its measurements are already stored
+        for row in plain.drop(columns="id").iloc[[0, 4, 7]].to_dict("records"):
+            s.add(row)
+        before = s.frame()
+    args = ["--tokens", "1,2", "--db", str(db), "--gpus", "all", "--jobs", "1", "--strategy", "exhaustive"]
+    res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", *args])
     assert res.exit_code == 0, res.output
-    assert "gpu0" in res.output and "gpu1" in res.output and "workers" in res.output
+    assert "workers" in res.output and "gpu0" in res.output and "gpu1" in res.output  # one row per GPU
     with Store(db) as s:
-        assert s.count() == 6 and s.frame()["config"].is_unique
+        pool = s.frame()
+    key = ["tokens", "config", "status"]
+    assert len(pool) == len(plain) == 12 and not pool.duplicated(["tokens", "config"]).any()
+    assert sorted(map(tuple, pool[key].values)) == sorted(map(tuple, plain[key].values))
+    assert pool[pool["id"].isin(before["id"])].equals(before)  # resumed: nothing redone, nothing lost
+    result = export(db, tmp_path / "tables")  # rows of both workers (one device name) make one table
+    tables = [f.path for f in result.files if "cpu_interpreter" in str(f.path)]
+    assert len(tables) == 1
+    doc = json.loads(tables[0].read_text())
+    assert sorted(e["tokens"] for e in doc["entries"]) == [1, 2]
 
 
 @pytest.mark.parametrize("args,match", [(["--gpus", "3"], "no GPU 3"), (["--gpus", "0", "--ray"], "exclude"),
