@@ -17,6 +17,7 @@ the failure came before the config ran, such as no memory for the inputs).
 from __future__ import annotations
 
 import collections
+import functools
 import multiprocessing as mp
 import os
 import shutil
@@ -29,10 +30,19 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from .device import DeviceInfo
+from .device import DeviceInfo, interpreter_active
 from .spec import Config, KernelSpec, Problem, canonical_json
 
 STARTUP_TIMEOUT_S = 600.0  # importing torch and triton, creating a CUDA context
+
+
+@functools.cache
+def _needs_interpreter() -> bool:
+    """No GPU and TRITON_INTERPRET unset: workers must run kernels through the interpreter
+    (it has to be set before a process imports triton, so the worker sets it first thing)."""
+    import torch
+
+    return not interpreter_active() and not torch.cuda.is_available()
 
 
 def _signal_name(code: int | None) -> str:
@@ -72,7 +82,8 @@ class WorkerHandle:
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=worker.main, args=(child, str(self.log_path), self.device_index),
+        self.proc = ctx.Process(target=worker.main,
+                                args=(child, str(self.log_path), self.device_index, _needs_interpreter()),
                                 name=f"moetune-{self.name}", daemon=True)
         self.proc.start()
         child.close()

@@ -205,8 +205,13 @@ def _die_with_parent() -> None:
             pass
 
 
-def main(conn: Any, log_path: str, device_index: int | None) -> None:
-    """Entry point of a spawned worker: say hello with the device and versions, then serve tasks."""
+def main(conn: Any, log_path: str, device_index: int | None, interpret: bool = False) -> None:
+    """Entry point of a spawned worker: say hello with the device and versions, then serve tasks.
+
+    ``interpret``: no GPU here, run kernels through the Triton interpreter (set before triton loads).
+    """
+    if interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the sweep's to handle
     _die_with_parent()
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
