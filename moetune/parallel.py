@@ -115,11 +115,11 @@ class LocalBackend:
         self._own_log_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-workers-") if log_dir is None else log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.measurers = [WorkerHandle(f"gpu{d if d is not None else i}", d, self.log_dir)
-                          for i, d in enumerate(self.devices)]
+        names = [f"gpu{d}" if d is not None else f"w{i}" for i, d in enumerate(self.devices)]
+        names = [f"{n}.{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]  # sharing a GPU
+        self.measurers = [WorkerHandle(n, d, self.log_dir) for n, d in zip(names, self.devices, strict=True)]
         self.compilers: list[WorkerHandle] = []
-        self.states = {h.name: WorkerState(h.name, f"cuda:{d}" if d is not None else "cpu")
-                       for h, d in zip(self.measurers, self.devices, strict=True)}
+        self.states = {h.name: WorkerState(h.name) for h in self.measurers}
         self.device: DeviceInfo | None = None
         self.versions: dict[str, str] = {}
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}  # key -> (task, label), until its result
@@ -135,9 +135,9 @@ class LocalBackend:
             if not h.alive:
                 h.launch()
         self.device, self.versions = same_device([h.wait_ready() for h in self.measurers], "--gpus")
-        if self.device.is_gpu:
-            for h in self.measurers:
-                self.states[h.name].where = f"{self.device.name} (cuda:{h.device_index})"
+        for h in self.measurers:
+            self.states[h.name].where = (f"{self.device.name} cuda:{h.device_index}" if self.device.is_gpu
+                                         else "cpu (interpreter)")
         if self.jobs is None:
             self.jobs = (os.cpu_count() or 1) if self.device.is_gpu else 0
         self.compilers = [WorkerHandle(f"compile{i}", self.devices[i % len(self.devices)], self.log_dir)
