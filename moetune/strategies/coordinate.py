@@ -6,9 +6,9 @@ the sweep measures first). From the current config every one-step neighbour is
 measured (one parameter moved to the next or previous value of its list, pruned
 values skipped; every other value for a categorical one) as one batch, and the
 search moves to the fastest neighbour if it beats the current one by more than
-the noise. When none does, it restarts from the best measured config whose
-neighbourhood is still unexplored, else from a random candidate, until the
-budget is spent. Each batch is a whole neighbourhood, so the path does not
+the noise. When none does, it restarts from a random unmeasured candidate (on the
+H200 replay data, restarting near the best found stays in the same trap), until
+the budget is spent. Each batch is a whole neighbourhood, so the path does not
 depend on the batch size.
 """
 
@@ -50,10 +50,6 @@ class CoordinateDescent(AdaptiveStrategy):
         while self._starts:
             i = self._starts.pop(0)
             if i not in self._expanded:
-                return i
-        times = self.times()
-        for i in sorted(times, key=times.get):
-            if i not in self._expanded and self.unmeasured(self.space.neighbours(i)):
                 return i
         todo = self.unmeasured(range(len(self.space.candidates)))
         return self._rng.choice(todo) if todo else None
