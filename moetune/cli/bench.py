@@ -1,0 +1,119 @@
+"""``moetune bench``: default, heuristic and tuned config side by side at each point, one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from . import app
+from ._common import console, fail, split_list, user_errors
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def _speedup(ms: float | None, x: float | None) -> str:
+    if x is None:
+        return _ms(ms)
+    style = "green" if x > 1.02 else "red" if x < 0.98 else "dim"
+    return f"{_ms(ms)} [{style}]({x:.2f}x)[/]"
+
+
+def _roofline(row: dict[str, Any]) -> str:
+    fracs = [row[f"{role}_roofline"] for role in ("default", "heuristic", "tuned")]
+    if all(f is None for f in fracs):
+        return "-"
+    return " / ".join("-" if f is None else f"{f:.2f}" for f in fracs)
+
+
+def _point(row: dict[str, Any]) -> str:
+    text = f"t{row['tokens']} r{row['routes']}"
+    if row["active_fraction"] != 1:
+        text += f" a{row['active_fraction']:g}"
+    return text if row["routing"] == "uniform" else f"{text} {row['routing']}"
+
+
+def bench_table(result: Any) -> Table:
+    from ..bench import accuracy_text, shape_text
+
+    title = f"bench on {result.device.name} ({result.device.arch})" if result.meaningful else \
+        "bench on the Triton interpreter (times are meaningless)"
+    t = Table(title=title, title_justify="left")
+    for col in ("kernel", "shape", "point", "density", "default ms", "heuristic ms", "tuned ms",
+                "roofline d/h/t", "accuracy", "tuned from"):
+        t.add_column(col, justify="right" if col in ("density", "default ms", "heuristic ms", "tuned ms",
+                                                       "roofline d/h/t") else "left")
+    for row in result.rows:
+        acc = accuracy_text(row)
+        t.add_row(row["kernel"], shape_text(row["shape"]), _point(row), f"{row['density']:.4g}",
+                  _ms(row["default_ms"]), _speedup(row["heuristic_ms"], row["heuristic_speedup"]),
+                  _speedup(row["tuned_ms"], row["tuned_speedup"]), _roofline(row),
+                  "[green]ok[/]" if acc == "ok" else f"[yellow]{acc}[/]", row["tuned_source"])
+    return t
+
+
+@app.command()
+def bench(
+    model: Annotated[str | None, typer.Option("--model", "-m", help="model preset, e.g. deepseek-v3")] = None,
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="ops or families (repeat or "
+                      "comma-separate); default: the model's weight format")] = None,
+    tp: Annotated[int, typer.Option(help="tensor-parallel degree")] = 1,
+    ep: Annotated[int, typer.Option(help="expert-parallel degree")] = 1,
+    shape: Annotated[str | None, typer.Option(help="per-rank shape instead of --model, e.g. "
+                                                   "E=8,N=256,K=512,top_k=2")] = None,
+    tokens: Annotated[str | None, typer.Option(help="token counts (decode default 1..256)")] = None,
+    routes: Annotated[str | None, typer.Option(help="route counts (prefill default 768..98304)")] = None,
+    active: Annotated[str | None, typer.Option(help="active fractions of the top-k slots "
+                                                   "(default 1)")] = None,
+    routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file>; "
+                                              "comma separated")] = "uniform",
+    repeat: Annotated[int, typer.Option(help="measure each config this many times (median kept)")] = 1,
+    seed: Annotated[int, typer.Option(help="seed of the inputs")] = 0,
+    timeout: Annotated[float, typer.Option(help="seconds one measurement may take")] = 60.0,
+    markdown: Annotated[Path | None, typer.Option(help="also write the table as Markdown here")] = None,
+    csv: Annotated[Path | None, typer.Option(help="also write every column as CSV here")] = None,
+) -> None:
+    """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
+    from ..bench import _writable, bench_jobs, bench_problems, plan_bench
+    from ..runner import Runner
+
+    kernels = [k for item in kernel or [] for k in split_list(item)]
+    with user_errors():  # every check before a worker starts
+        plan, device = plan_bench(kernels, model=model, tp=tp, ep=ep, shape=shape,
+                                  tokens=split_list(tokens, int), routes=split_list(routes, int),
+                                  active=split_list(active, float), routing=split_list(routing),
+                                  repeat=repeat)
+        for path, option in ((markdown, "--markdown"), (csv, "--csv")):
+            if path is not None:
+                _writable(path, option)
+        runner = Runner(timeout=timeout, jobs=bench_jobs(device))
+    for note in plan.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    if not device.is_gpu:
+        console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter on tiny problems; "
+                      "accuracy checks are real, times are meaningless")
+    n = len(plan.problems)
+    try:
+        with console.status(f"benching {n} point(s)") as status:
+            done = 0
+
+            def on_row(row: dict[str, Any]) -> None:
+                nonlocal done
+                done += 1
+                status.update(f"benching: {done}/{n} point(s) done")
+
+            try:
+                result = bench_problems(plan.problems, runner, repeat=repeat, seed=seed, on_row=on_row)
+            except RuntimeError as e:  # a worker that cannot start (broken install, no GPU memory)
+                fail(str(e))
+    finally:
+        runner.close()
+    console.print(bench_table(result))
+    with user_errors():
+        for path, write in ((markdown, result.write_markdown), (csv, result.write_csv)):
+            if path is not None:
+                console.print(f"wrote {write(path)}", highlight=False)
