@@ -146,3 +146,14 @@ def test_beats_random_on_the_stored_landscape(points):
     q = runs.groupby("strategy")["quality"].apply(lambda x: float(np.exp(np.log(x).mean())))
     assert q["model"] < q["random"] and q["coordinate"] < q["random"]
     assert json.loads(runs["winner"].iloc[0]) in points[0].configs
+
+
+def test_model_measures_hints_first_and_learns_from_failures(points):
+    p = points[1]
+    hints = [p.configs[7], p.configs[300]]
+    s = get_strategy("model")
+    s.start(SearchContext(None, p.problem, p.configs, [], hints=hints, budget=60, seed=2))
+    assert s.propose(8) == hints  # warm start: neighbouring densities' winners come first
+    s.observe([Observation(hints[0], "ok", 1.0, 0.01), Observation(hints[1], "compile_error")])
+    idx, y = s._data()
+    assert y[idx.index(p.index[canonical_json(hints[1])])] == y.max()  # a failure counts as slow
