@@ -65,7 +65,7 @@ def main() -> None:
     t_start, results = time.monotonic(), []
 
     def library(name: str, runner, driver) -> None:
-        db = args.out / f"{name}.sqlite"
+        db = args.out / f"{name.replace(' ', '_').replace(',', '')}.sqlite"
         t0 = time.monotonic()
         with Store(db) as store, runner:
             driver(store, runner, **opts).run(problems)
@@ -74,8 +74,9 @@ def main() -> None:
     # 1: the command, as a user types it
     db = args.out / "gpus_all.sqlite"
     cmd = [sys.executable, "-c", "from moetune.cli import main; main()", "sweep", "--kernel", args.kernel,
-           "--model", args.model, "--tp", str(args.tp), "--tokens", str(args.tokens), "--strategy", "random",
-           "--budget", str(args.budget), "--seed", "0", "--db", str(db), "--gpus", "all", "--quiet"]
+           "--model", args.model, "--tp", str(args.tp), "--tokens", str(args.tokens), "--active", "1",
+           "--strategy", "random", "--budget", str(args.budget), "--seed", "0", "--db", str(db),
+           "--gpus", "all", "--quiet"]
     t0 = time.monotonic()
     cli = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
