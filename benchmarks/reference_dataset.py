@@ -34,7 +34,8 @@ class Deadline(Exception):
 
 
 def parse_job(text: str) -> dict:
-    """"model:tp:kernel:tokens=1,16[:KEY=v|v;KEY=v]" -> a job."""
+    """"model:tp:kernel:tokens=1,16[:KEY=v|v;KEY=v][@seconds]" -> a job (seconds: its own time cap)."""
+    text, _, cap = text.partition("@")
     parts = text.split(":")
     if len(parts) not in (4, 5):
         raise ValueError(f"--job {text!r}: expected model:tp:kernel:tokens=..|routes=..[:slice]")
@@ -48,7 +49,7 @@ def parse_job(text: str) -> dict:
             key, _, vals = item.partition("=")
             sl[key] = [json.loads(v) if v[:1].isdigit() else v for v in vals.split("|")]
     return {"model": model, "tp": int(tp), "kernel": kernel, kind: [int(v) for v in values.split(",")],
-            "slice": sl}
+            "slice": sl, "cap": float(cap) if cap else float("inf")}
 
 
 def slice_strategy(sl: dict[str, list]) -> str:
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--job", action="append", required=True)
     ap.add_argument("--deadline", type=float, default=280.0, help="seconds from start; then stop cleanly")
+    ap.add_argument("--jobs", type=int, default=None, help="compile processes (default: every core)")
     ap.add_argument("--remeasure", type=int, default=10, help="fastest (and as many random) ok configs "
                     "timed again per complete point")
     ap.add_argument("--out", default=None, help="where points.json goes (default: next to --db)")
@@ -98,15 +100,21 @@ def main() -> None:
     t_end = time.monotonic() + args.deadline
     jobs = [parse_job(j) for j in args.job]
     store = Store(args.db)
-    runner = Runner(timeout=30.0)
+    runner = Runner(timeout=30.0, jobs=args.jobs)
     report, stopped = [], False
     try:
         runner.start()
         for job in jobs:
-            plan = build_plan([job["kernel"]], model=job["model"], tp=job["tp"], tokens=job.get("tokens", []),
-                              routes=job.get("routes", []), active=[1.0] if "tokens" in job else [],
-                              device=runner.device)
+            try:
+                plan = build_plan([job["kernel"]], model=job["model"], tp=job["tp"],
+                                  tokens=job.get("tokens", []), routes=job.get("routes", []),
+                                  active=[1.0] if "tokens" in job else [], device=runner.device)
+            except ValueError as e:
+                report.append({"job": job, "error": str(e)})
+                print(f"skipped {job}: {e}", flush=True)
+                continue
             strategy = slice_strategy(job["slice"])
+            job_end = min(t_end, time.monotonic() + job["cap"])
             for problem in plan.problems:
                 sw = Sweep(store, runner, strategy=strategy, seed=0)
                 pt = sw.plan([problem], runner.device)[0]
@@ -115,20 +123,22 @@ def main() -> None:
                          "routes": problem.routes, "slice": job["slice"], "space": len(space),
                          "pruned": pt.pruned, "strategy": strategy}
                 report.append(entry)
-                if stopped:
+                if stopped or time.monotonic() > job_end:
                     entry["measured"] = 0
                     continue
                 t0 = time.monotonic()
 
-                def on_event(kind, **data):
-                    if kind == "result" and time.monotonic() > t_end:
+                def on_event(kind, end=job_end, **data):
+                    if kind == "result" and time.monotonic() > end:
                         raise Deadline
 
                 sw.on_event = on_event
+                cut = False
                 try:
                     sw.run()
                 except Deadline:
-                    stopped = True
+                    cut = True
+                    stopped = time.monotonic() > t_end
                 keys = {canonical_json(c) for c in space}
                 done = store.measured_configs(problem.kernel, runner.device.name, problem.shape_key,
                                               problem.tokens, problem.routes, problem.active_fraction,
@@ -138,8 +148,8 @@ def main() -> None:
                 entry["seconds"] = round(time.monotonic() - t0, 1)
                 best = pt.best
                 entry["best_ms"] = best.time_ms if best else None
-                if not stopped and args.remeasure:
-                    entry["remeasured"] = remeasure(sw, pt, args.remeasure, t_end)
+                if not cut and args.remeasure:
+                    entry["remeasured"] = remeasure(sw, pt, args.remeasure, job_end)
                 print(f"{entry['point']}: {entry['measured']}/{entry['space']} in {entry['seconds']} s, "
                       f"best {entry['best_ms']}", flush=True)
     finally:
@@ -149,7 +159,8 @@ def main() -> None:
         out.write_text(json.dumps(report, indent=1))
     print(f"{'point':80s} {'measured':>9s} {'space':>6s} {'s':>6s}")
     for e in report:
-        print(f"{e['point'][:80]:80s} {e.get('measured', 0):9d} {e['space']:6d} {e.get('seconds', 0):6}")
+        if "point" in e:
+            print(f"{e['point'][:80]:80s} {e.get('measured', 0):9d} {e['space']:6d} {e.get('seconds', 0):6}")
 
 
 if __name__ == "__main__":
