@@ -1,0 +1,64 @@
+"""The registry: built-in specs load, third-party specs arrive through the entry-point group."""
+
+from __future__ import annotations
+
+import pytest
+
+from moetune import spec as spec_mod
+from moetune.spec import KernelSpec
+
+
+class _ThirdParty(KernelSpec):
+    name = "thirdparty.gemm"
+    space = {"BLOCK_SIZE_N": [32, 64]}
+    default = {"BLOCK_SIZE_N": 32}
+
+
+class _EntryPoint:
+    def __init__(self, obj):
+        self._obj = obj
+
+    def load(self):
+        return self._obj
+
+
+@pytest.fixture
+def fresh_registry(monkeypatch):
+    """A registry copy with built-ins loaded, marked unloaded so entry points are read again."""
+    spec_mod.all_specs()
+    monkeypatch.setattr(spec_mod, "_REGISTRY", dict(spec_mod._REGISTRY))
+    monkeypatch.setattr(spec_mod, "_LOADED", False)
+
+
+@pytest.mark.parametrize("exported", [_ThirdParty(), _ThirdParty, [_ThirdParty()]])
+def test_entry_point_specs_register(fresh_registry, monkeypatch, exported):
+    import importlib.metadata
+
+    real = importlib.metadata.entry_points
+
+    def fake_entry_points(**kwargs):
+        if kwargs.get("group") == "moetune.kernels":
+            return [_EntryPoint(exported)]
+        return real(**kwargs)
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", fake_entry_points)
+    names = [s.name for s in spec_mod.all_specs()]
+    assert "thirdparty.gemm" in names
+    for builtin in ("fp8_decode.gate_up", "fp8_decode.down", "fp4_prefill.gate_up", "fp4_prefill.down",
+                    "gather_rows"):
+        assert builtin in names
+    assert spec_mod.get_spec("thirdparty.gemm").default == {"BLOCK_SIZE_N": 32}
+
+
+def test_unknown_kernel_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown kernel 'nope'.*fp8_decode.gate_up"):
+        spec_mod.get_spec("nope")
+
+
+def test_unknown_config_key_is_pruned_with_its_name():
+    s = spec_mod.get_spec("gather_rows")
+    problem = s.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, tokens=4)
+    from moetune.device import INTERPRETER
+
+    reason = s.constraint({**s.default, "BLOCK_SIZE_Q": 4}, problem, INTERPRETER)
+    assert reason is not None and "BLOCK_SIZE_Q" in reason
