@@ -98,9 +98,11 @@ class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
 
     As in :class:`Runner`, candidates first compile on ``jobs`` processes (default: every core on
-    a GPU, none on the interpreter); one that fails, crashes or hangs there is final. Compiled ones
-    go to whichever measuring worker is free. ``devices`` entries are torch device indices; on
-    the interpreter any index works (the workers all run on the CPU), which the tests use.
+    a GPU, none on the interpreter; spread over the GPUs); one that fails, crashes or hangs there
+    is final. Compiled ones go to whichever measuring worker is free. ``devices`` entries are torch
+    device indices (one entry per measuring worker; an index given twice puts two on one GPU, whose
+    timings then disturb each other); on the interpreter any index works (the workers all run on
+    the CPU), which the tests use.
     """
 
     def __init__(self, devices: Sequence[int | None], *, timeout: float = 60.0, jobs: int | None = None,
@@ -158,17 +160,26 @@ class LocalBackend:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        lock = str(self.log_dir / "inputs.lock")
-        for h in self.compilers:
-            if not h.busy and self._compile_q:
-                key = self._compile_q.popleft()
-                h.submit(key, {**self._tasks[key][0], "mode": "compile", "lock": lock}, 2 * self.timeout)
+        """Start what can start. A compile task runs its candidate once on its GPU, so no GPU compiles
+        while it measures (the plain runner's rule too); compiling on one GPU while another measures is
+        fine. Compiled candidates go first: no new compile starts while one waits for a GPU."""
+
+        def on(device: int | None, handles: list[WorkerHandle]) -> bool:
+            return any(h.busy and h.device_index == device for h in handles)
+
         for h in self.measurers:
-            if not h.busy and self._measure_q:
+            if not h.busy and self._measure_q and not on(h.device_index, self.compilers):
                 key = self._measure_q.popleft()
                 task, label = self._tasks[key]
                 h.submit(key, task, self.timeout)
                 self.states[h.name].current = label
+        lock = str(self.log_dir / "inputs.lock")
+        for h in self.compilers:
+            if h.busy or not self._compile_q or self._measure_q:
+                continue
+            if not on(h.device_index, self.measurers):
+                key = self._compile_q.popleft()
+                h.submit(key, {**self._tasks[key][0], "mode": "compile", "lock": lock}, 2 * self.timeout)
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
         """(key, result, worker) for every task that ended within ``wait_s`` seconds."""

@@ -139,6 +139,45 @@ def _sweep(db, runner, driver, problems, strategy="exhaustive", **kw):
         return store.frame()
 
 
+class FakeHandle:
+    """A worker that runs whatever it is given until the test says it is done."""
+
+    def __init__(self, name, device):
+        self.name, self.device_index, self.task_key = name, device, None
+
+    @property
+    def busy(self):
+        return self.task_key is not None
+
+    def submit(self, key, task, timeout):
+        self.task_key = key
+
+
+def test_pool_never_compiles_on_a_gpu_while_it_measures(tmp_path):
+    backend = LocalBackend([0, 1], jobs=0, log_dir=tmp_path)
+    g0, g1, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("gpu1", 1), FakeHandle("c0", 0), FakeHandle("c1", 1)
+    backend.measurers, backend.compilers = [g0, g1], [c0, c1]
+    for k in "abcd":
+        backend.submit(k, {"mode": "measure"})
+    assert (c0.task_key, c1.task_key, g0.task_key, g1.task_key) == ("a", "b", None, None)
+
+    def compiled(h):  # what poll() does with a compile worker's ok result
+        backend._measure_q.append(h.task_key)
+        h.task_key = None
+        backend._dispatch()
+
+    compiled(c0)  # GPU 0 measures "a"; its compile worker waits; GPU 1 is still compiling "b"
+    assert (g0.task_key, c0.task_key, c1.task_key, g1.task_key) == ("a", None, "b", None)
+    compiled(c1)
+    assert (g1.task_key, c1.task_key) == ("b", None)
+    g0.task_key = None  # GPU 0 done measuring: it compiles "c" while GPU 1 still measures
+    backend._dispatch()
+    assert (c0.task_key, c1.task_key, g0.task_key, g1.task_key) == ("c", None, None, "b")
+    for d in (0, 1):  # the invariant behind it all
+        assert not ([h for h in (g0, g1) if h.busy and h.device_index == d]
+                    and [h for h in (c0, c1) if h.busy and h.device_index == d])
+
+
 EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
             "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
 
