@@ -164,6 +164,8 @@ class RayBackend:
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
         """(key, result, actor) for every task that ended within ``wait_s`` seconds."""
         ray = self.ray
+        unavailable = tuple(getattr(ray.exceptions, n) for n in ("ActorUnavailableError",)
+                             if hasattr(ray.exceptions, n))  # newer Rays: unreachable for now
         if not self._running:
             return []
         ready, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
@@ -178,9 +180,10 @@ class RayBackend:
             self.states[name].current = None
             try:
                 res = ray.get(ref)
-            except ray.exceptions.RayActorError as e:  # the actor is gone, not (necessarily) the candidate
+            except (ray.exceptions.RayActorError, *unavailable) as e:  # the actor is gone (or unreachable)
                 self.losses[key] += 1
                 self.states[name].counts["lost"] += 1
+                ray.kill(self.actors[slot])
                 self.actors[slot] = self._new_actor(slot)
                 if self.losses[key] < self.max_losses:
                     self._queue.appendleft(key)  # its unfinished work goes to the next free actor
