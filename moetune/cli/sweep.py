@@ -145,7 +145,7 @@ def sweep(
     gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
                                                   "such as 0,1 (one worker each)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="measure on Ray actors across a Ray cluster "
-                                                    "(pip install 'moetune[ray]')")] = False,
+                                                    "(pip install 'moetune\\[ray]')")] = False,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster to join (default: start a local "
                                                          "one)")] = None,
     ray_actors: Annotated[int | None, typer.Option(help="Ray actors (default: the cluster's GPUs / "
