@@ -37,23 +37,29 @@ def _point(row: dict[str, Any]) -> str:
     return text if row["routing"] == "uniform" else f"{text} {row['routing']}"
 
 
-def bench_table(result: Any) -> Table:
+def bench_tables(result: Any) -> list[Table]:
+    """One table per (kernel, shape), rows in density order as measured."""
     from ..bench import accuracy_text, shape_text
 
-    title = f"bench on {result.device.name} ({result.device.arch})" if result.meaningful else \
-        "bench on the Triton interpreter (times are meaningless)"
-    t = Table(title=title, title_justify="left")
-    for col in ("kernel", "shape", "point", "density", "default ms", "heuristic ms", "tuned ms",
-                "roofline d/h/t", "accuracy", "tuned from"):
-        t.add_column(col, justify="right" if col in ("density", "default ms", "heuristic ms", "tuned ms",
-                                                       "roofline d/h/t") else "left")
+    where = f"{result.device.name} ({result.device.arch})" if result.meaningful else \
+        "the Triton interpreter (times are meaningless)"
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in result.rows:
-        acc = accuracy_text(row)
-        t.add_row(row["kernel"], shape_text(row["shape"]), _point(row), f"{row['density']:.4g}",
-                  _ms(row["default_ms"]), _speedup(row["heuristic_ms"], row["heuristic_speedup"]),
-                  _speedup(row["tuned_ms"], row["tuned_speedup"]), _roofline(row),
-                  "[green]ok[/]" if acc == "ok" else f"[yellow]{acc}[/]", row["tuned_source"])
-    return t
+        groups.setdefault((row["kernel"], row["shape"]), []).append(row)
+    out = []
+    for (kernel, shape), rows in groups.items():
+        t = Table(title=f"{kernel} {shape_text(shape)} on {where}", title_justify="left")
+        for col in ("point", "density", "default ms", "heuristic ms", "tuned ms", "roofline d/h/t",
+                    "accuracy", "tuned from"):
+            t.add_column(col, justify="left" if col in ("point", "accuracy", "tuned from") else "right")
+        for row in rows:
+            acc = accuracy_text(row)
+            t.add_row(_point(row), f"{row['density']:.4g}", _ms(row["default_ms"]),
+                      _speedup(row["heuristic_ms"], row["heuristic_speedup"]),
+                      _speedup(row["tuned_ms"], row["tuned_speedup"]), _roofline(row),
+                      "[green]ok[/]" if acc == "ok" else f"[yellow]{acc}[/]", row["tuned_source"])
+        out.append(t)
+    return out
 
 
 @app.command()
@@ -112,8 +118,9 @@ def bench(
                 fail(str(e))
     finally:
         runner.close()
-    console.print(bench_table(result))
+    for table in bench_tables(result):
+        console.print(table)
     with user_errors():
         for path, write in ((markdown, result.write_markdown), (csv, result.write_csv)):
             if path is not None:
-                console.print(f"wrote {write(path)}", highlight=False)
+                console.print(f"wrote {write(path)}", highlight=False, soft_wrap=True)
