@@ -229,3 +229,12 @@ def test_cli_bad_parallel_options(tmp_path, monkeypatch, args, match):
                                    "--db", str(db), *args])
     assert res.exit_code != 0 and match in res.output and "Traceback" not in res.output
     assert not db.exists()
+
+
+def test_cli_ray_without_ray_is_one_line_saying_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    db = tmp_path / "r.sqlite"
+    res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
+                                   "--db", str(db), "--ray"])
+    assert res.exit_code != 0 and "Traceback" not in res.output and not db.exists()
+    assert res.output.strip() == "error: --ray needs Ray, which is not installed: pip install 'moetune[ray]'"
