@@ -29,6 +29,7 @@ from .spec import KernelSpec, canonical_json, get_spec
 BENCH_COLUMNS = ("kernel", "shape", "routing", "density", "device", "arch", "default_ms", "heuristic_ms",
                  "tuned_ms")
 HEAT_PARAM = "BLOCK_SIZE_M"
+MAX_DENSITY_TICKS = 12
 
 
 @dataclass
@@ -233,9 +234,14 @@ def plot_time(series: Series, path: str | Path) -> Path:
                             label=label or series.tuned_label)
     top.set_xscale("log")
     top.set_yscale("log")
-    _plain(top.xaxis, top.get_xlim())
+    from matplotlib.ticker import LogLocator
+
+    top.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.01 0.02 0.05 0.1: readable times
     _plain(top.yaxis, top.get_ylim())
     _plain(bottom.xaxis, bottom.get_xlim())
+    if len(f) <= MAX_DENSITY_TICKS:  # ticks at the measured densities: what was run, read off directly
+        bottom.set_xticks(list(f["density"]), [f"{d:g}" for d in f["density"]])
+        bottom.xaxis.set_minor_formatter(_null())
     top.set_ylabel("time per launch (ms)")
     top.grid(True, which="both", alpha=0.3)
     top.legend()
@@ -284,6 +290,12 @@ def _plain(axis: Any, limits: tuple[float, float] | None = None) -> None:
     axis.set_major_formatter(fmt)
     narrow = limits is not None and min(limits) > 0 and max(limits) / min(limits) < 10
     axis.set_minor_formatter(fmt if narrow else NullFormatter())
+
+
+def _null() -> Any:
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
 
 
 def _save(fig: Any, path: str | Path) -> Path:
