@@ -38,7 +38,8 @@ COLUMNS = (
 
 @dataclass
 class Measured:
-    """One config's result at one problem, over all rounds."""
+    """One config's result at one problem, over all rounds: the median time; the spread is the timing's
+    own (p80 - p20) / median for one round, else the rounds' (max - min) / median."""
 
     status: str
     reason: str | None = None
