@@ -351,7 +351,7 @@ def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str 
         from .ray_backend import RayBackend
 
         return RayBackend(address=ray_address, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
-                          timeout=timeout), ParallelSweep
+                          timeout=timeout, jobs=jobs), ParallelSweep
     if gpus is None:
         return Runner(timeout=timeout, jobs=jobs), Sweep
     devices = parse_gpus(gpus, gpu_count())

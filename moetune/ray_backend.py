@@ -21,14 +21,12 @@ import collections
 import os
 import shutil
 import tempfile
-import time
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
 from .device import DeviceInfo
 from .parallel import WorkerState, same_device
-from .runner import STARTUP_TIMEOUT_S, WorkerHandle
+from .runner import STARTUP_TIMEOUT_S, WorkerPool
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ray]'"
 MAX_LOSSES = 3
@@ -44,35 +42,48 @@ def import_ray() -> Any:
 
 
 class MeasureActor:
-    """Lives in a Ray actor process: one moetune worker process on the GPU(s) Ray gave the actor."""
+    """Lives in a Ray actor process: moetune worker processes on the GPU (share) Ray gave the actor.
 
-    def __init__(self, name: str):
+    A batch of tasks first compiles on ``jobs`` processes at once (each candidate run once, so
+    Triton's cache holds its binary; one that fails there is final, as in :class:`Runner`), then
+    each compiled candidate is measured in turn by one measuring process, never while this actor
+    compiles. Ray sets CUDA_VISIBLE_DEVICES for the actor; its worker processes inherit it.
+    """
+
+    def __init__(self, name: str, jobs: int = 0):
         self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-ray-"))
-        # Ray sets CUDA_VISIBLE_DEVICES for the actor; the worker inherits it and uses device 0 of those.
-        self.handle = WorkerHandle(name, None, self.log_dir)
+        self.measurer = WorkerPool(1, name, None, self.log_dir)
+        self.compiler = WorkerPool(jobs, f"{name}-compile", None, self.log_dir) if jobs else None
 
     def hello(self) -> dict[str, Any]:
         """The worker's device and versions, plus where this actor runs."""
         import socket
 
-        if not self.handle.alive:
-            self.handle.stop()
-            self.handle.launch()
-        return {**self.handle.wait_ready(), "host": socket.gethostname(), "pid": os.getpid(),
+        hello = self.measurer.start()
+        if self.compiler is not None:
+            self.compiler.start()
+        return {**hello, "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
-    def run(self, task: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Measure one candidate; every way it can end is a result (the worker restarts after a crash)."""
-        h = self.handle
-        h.submit("task", task, timeout)
-        while True:
-            wait(h.waitables(), max(0.0, h.deadline - time.monotonic()) + 0.01)
-            got = h.collect()
-            if got is not None:
-                return got[1]
+    def run(self, tasks: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        """One result per task, in order; every way a candidate can end is a result (a worker it
+        kills is started again)."""
+        results: dict[int, dict[str, Any]] = {}
+        if self.compiler is not None:
+            lock = str(self.log_dir / "inputs.lock")
+            compile_tasks = [(i, {**t, "mode": "compile", "lock": lock}) for i, t in enumerate(tasks)]
+            for i, res in self.compiler.run(compile_tasks, 2 * timeout):
+                if res["status"] != "ok":
+                    res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
+                    results[i] = res
+        todo = [(i, t) for i, t in enumerate(tasks) if i not in results]
+        results.update(self.measurer.run(todo, timeout))
+        return [results[i] for i in range(len(tasks))]
 
     def close(self) -> None:
-        self.handle.stop()
+        self.measurer.stop()
+        if self.compiler is not None:
+            self.compiler.stop()
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
@@ -80,22 +91,27 @@ class RayBackend:
     """Actors across a Ray cluster (``address``, default: start a local one), fed from one queue.
 
     ``actors`` defaults to the cluster's GPUs divided by ``gpus_per_actor``; a cluster with no
-    GPU gets one CPU actor per CPU (the Triton interpreter: accuracy checks only).
+    GPU gets one CPU actor per CPU (the Triton interpreter: accuracy checks only). ``jobs`` is the
+    compile processes per actor (default: the cluster's CPUs shared out over the actors on GPUs,
+    none on the interpreter); an actor takes a batch of that many candidates at a time.
     """
 
     def __init__(self, *, address: str | None = None, actors: int | None = None, gpus_per_actor: float = 1.0,
-                 timeout: float = 60.0, timing: dict[str, Any] | None = None, max_losses: int = MAX_LOSSES):
+                 timeout: float = 60.0, jobs: int | None = None, timing: dict[str, Any] | None = None,
+                 max_losses: int = MAX_LOSSES):
         if actors is not None and actors < 1:
             raise ValueError(f"--ray-actors must be >= 1, got {actors}")
         if not 0 < gpus_per_actor <= 1:
             raise ValueError(f"--ray-gpus-per-actor must be in (0, 1], got {gpus_per_actor}")
         if timeout <= 0:
             raise ValueError(f"--timeout must be positive, got {timeout}")
+        if jobs is not None and jobs < 0:
+            raise ValueError(f"--jobs must be >= 0, got {jobs}")
         if max_losses < 1:
             raise ValueError(f"max_losses must be >= 1, got {max_losses}")
         self.ray = import_ray()
         self.address, self.n_actors, self.gpus_per_actor = address, actors, gpus_per_actor
-        self.timeout, self.timing, self.max_losses = timeout, dict(timing or {}), max_losses
+        self.timeout, self.jobs, self.timing, self.max_losses = timeout, jobs, dict(timing or {}), max_losses
         self.device: DeviceInfo | None = None
         self.versions: dict[str, str] = {}
         self.actors: list[Any] = []
@@ -104,7 +120,7 @@ class RayBackend:
         self._own_cluster = False
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}
         self._queue: collections.deque = collections.deque()
-        self._running: dict[Any, tuple[Any, int]] = {}  # object ref -> (key, actor slot)
+        self._running: dict[Any, tuple[list[Any], int]] = {}  # object ref -> (keys, actor slot)
         self._busy: set[int] = set()
         self.losses: collections.Counter = collections.Counter()  # key -> actors lost while running it
 
@@ -117,13 +133,14 @@ class RayBackend:
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             self._own_cluster = True
-        gpus = ray.cluster_resources().get("GPU", 0.0)
+        gpus, cpus = ray.cluster_resources().get("GPU", 0.0), int(ray.cluster_resources().get("CPU", 1))
         if gpus:
             n = self.n_actors or int(gpus / self.gpus_per_actor + 1e-9)
-            opts = {"num_gpus": self.gpus_per_actor, "num_cpus": 1}
+            self.jobs = max(1, cpus // n) if self.jobs is None else self.jobs
         else:
-            n = self.n_actors or max(1, int(ray.cluster_resources().get("CPU", 1)))
-            opts = {"num_gpus": 0, "num_cpus": 1}
+            n = self.n_actors or max(1, cpus)
+            self.jobs = self.jobs or 0
+        opts = {"num_gpus": self.gpus_per_actor if gpus else 0, "num_cpus": max(1, self.jobs)}
         self._actor_cls = ray.remote(max_restarts=0, **opts)(MeasureActor)
         self.states = {f"actor{i}": WorkerState(f"actor{i}") for i in range(n)}
         self.actors = [self._new_actor(i) for i in range(n)]
@@ -131,7 +148,8 @@ class RayBackend:
             hellos = ray.get([a.hello.remote() for a in self.actors], timeout=STARTUP_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"--ray: {n} actor(s) did not start within {STARTUP_TIMEOUT_S:.0f} s "
-                               f"(does the cluster have {n * opts['num_gpus']:g} free GPU(s)?)") from None
+                               f"(does the cluster have {n * opts['num_gpus']:g} free GPU(s) and "
+                               f"{n * opts['num_cpus']} CPUs?)") from None
         except ray.exceptions.RayError as e:
             why = str(e).strip().splitlines()[-1]
             raise RuntimeError(f"--ray: an actor failed to start: {why}") from None
@@ -142,10 +160,14 @@ class RayBackend:
         return self.device
 
     def _new_actor(self, slot: int) -> Any:
-        return self._actor_cls.remote(f"actor{slot}")
+        return self._actor_cls.remote(f"actor{slot}", self.jobs or 0)
+
+    @property
+    def batch(self) -> int:
+        return max(1, self.jobs or 0)
 
     def capacity(self) -> int:
-        return max(0, len(self.actors) - len(self._tasks))
+        return max(0, len(self.actors) * self.batch - len(self._tasks))
 
     def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
         self._tasks[key] = (task, label)
@@ -155,14 +177,15 @@ class RayBackend:
     def _dispatch(self) -> None:
         for slot, actor in enumerate(self.actors):
             if slot not in self._busy and self._queue:
-                key = self._queue.popleft()
-                task, label = self._tasks[key]
-                self._running[actor.run.remote(task, self.timeout)] = (key, slot)
+                keys = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
+                tasks = [self._tasks[k][0] for k in keys]
+                self._running[actor.run.remote(tasks, self.timeout)] = (keys, slot)
                 self._busy.add(slot)
-                self.states[f"actor{slot}"].current = label
+                more = f" +{len(keys) - 1}" if len(keys) > 1 else ""
+                self.states[f"actor{slot}"].current = self._tasks[keys[0]][1] + more
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
-        """(key, result, actor) for every task that ended within ``wait_s`` seconds."""
+        """(key, result, actor) for every task whose batch ended within ``wait_s`` seconds."""
         ray = self.ray
         unavailable = tuple(getattr(ray.exceptions, n) for n in ("ActorUnavailableError",)
                              if hasattr(ray.exceptions, n))  # newer Rays: unreachable for now
@@ -174,28 +197,30 @@ class RayBackend:
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
         done = []
         for ref in ready:
-            key, slot = self._running.pop(ref)
+            keys, slot = self._running.pop(ref)
             self._busy.discard(slot)
             name = f"actor{slot}"
             self.states[name].current = None
             try:
-                res = ray.get(ref)
+                results = ray.get(ref)
             except (ray.exceptions.RayActorError, *unavailable) as e:  # the actor is gone (or unreachable)
-                self.losses[key] += 1
                 self.states[name].counts["lost"] += 1
                 ray.kill(self.actors[slot])
                 self.actors[slot] = self._new_actor(slot)
-                if self.losses[key] < self.max_losses:
-                    self._queue.appendleft(key)  # its unfinished work goes to the next free actor
-                    continue
                 why = str(e).strip().splitlines()[0][:200]
-                res = {"status": "crash",
-                       "reason": f"lost {self.losses[key]} Ray actors while measuring it ({why})"}
+                for key in keys:
+                    self.losses[key] += 1
+                again = [k for k in keys if self.losses[k] < self.max_losses]
+                self._queue.extendleft(reversed(again))  # unfinished work: to the next free actor, first
+                keys = [k for k in keys if k not in again]
+                results = [{"status": "crash", "reason": f"lost {self.losses[k]} Ray actors measuring it "
+                                                         f"({why})"} for k in keys]
             except ray.exceptions.RayTaskError as e:  # moetune's own code failed in the actor
                 raise RuntimeError(f"--ray: {name} failed: {str(e).strip().splitlines()[-1]}") from None
-            self._tasks.pop(key)
-            self.states[name].counts[res["status"]] += 1
-            done.append((key, res, name))
+            for key, res in zip(keys, results, strict=True):
+                self._tasks.pop(key)
+                self.states[name].counts[res["status"]] += 1
+                done.append((key, res, name))
         self._dispatch()
         return done
 
