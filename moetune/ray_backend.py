@@ -1,16 +1,18 @@
 """Ray actors as measuring workers: ``moetune sweep --ray`` over every GPU of a Ray cluster.
 
 Ray places the actors (one GPU each, or a share of one with ``gpus_per_actor`` < 1
-so several actors measure on one GPU); the driver hands each idle actor the next
-task and takes results back as they finish, so the sweep process stays the only
-writer of the store. Each actor runs the same spawned worker process as a local
-sweep (:mod:`moetune.worker`), where the kernel compiles and runs: a candidate
-that aborts, segfaults or hangs takes down only that process, and the actor
-reports ``crash``/``timeout`` exactly as a local runner does and starts a new one.
-An actor that dies itself (its node lost, ``ray.kill``) loses only the task it was
-running: that task goes back to the queue and a new actor takes its place. A
-candidate that has lost ``max_losses`` actors is recorded as a crash, so one that
-somehow kills its actor cannot stall the sweep.
+so several actors use one GPU, their timings then disturbing each other); the
+driver hands each idle actor the next batch of tasks and takes results back as
+batches finish, so the sweep process stays the only writer of the store. Each
+actor runs the same spawned worker processes as a local sweep (:mod:`moetune.worker`:
+a compile stage, then one measuring process), on its own node, where the kernel
+compiles and runs: a candidate that aborts, segfaults or hangs takes down only
+that process, and the actor reports ``crash``/``timeout`` exactly as a local runner
+does and starts a new one. An actor that dies itself (its node lost, ``ray.kill``)
+loses only the batch it was running: those tasks go back to the front of the
+queue and a new actor takes its place. A candidate that has lost ``max_losses``
+actors is recorded as a crash, so one that somehow kills its actor cannot stall
+the sweep.
 
 Ray is an optional extra; every node needs moetune (and any plugin specs) installed.
 """

@@ -139,7 +139,7 @@ def sweep(
     db: Annotated[Path, typer.Option(help="results database")] = Path("results/moetune.sqlite"),
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,
     jobs: Annotated[int | None, typer.Option(help="compile processes (default: every core on a GPU, none on "
-                                                  "the interpreter)")] = None,
+                                                  "the interpreter); with --ray, per actor")] = None,
     time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
                                                           "results (rerun to continue)")] = None,
     gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
