@@ -23,6 +23,7 @@ from .store import Store
 from .strategies import DEFAULT_STRATEGY, Observation, SearchContext, get_strategy
 
 BATCH = 64  # candidates proposed (and compiled in parallel) at a time
+REMEASURE = "remeasure"  # strategy tag of the final re-measurement rows
 
 
 @dataclass
@@ -210,7 +211,32 @@ class Sweep:
                 break
             strategy.observe(self._measure(pt, batch))
             if self._out_of_time():
-                break
+                return
+        self._remeasure(pt, strategy)
+
+    def _remeasure(self, pt: Point, strategy: Any) -> None:
+        """The strategy's final, interleaved re-measurement of its top candidates.
+
+        Stored as extra rows tagged ``strategy = "remeasure"`` (export pools repeated measurements
+        of a config); a point that already has such rows is not re-measured again on resume.
+        """
+        again = strategy.remeasure() if hasattr(strategy, "remeasure") else []
+        if not again or any(r == REMEASURE for r in self.store.frame(**self._key(pt.problem))["strategy"]):
+            return
+        per_round = len({canonical_json(c) for c in again})
+        obs = []
+        for r in range(0, len(again), per_round):  # the runner measures a batch's distinct configs once
+            for config, res in self.runner.measure(pt.spec, pt.problem, again[r:r + per_round],
+                                                   self.seed + 1 + r // per_round):
+                row = {**self._row(pt, config, res), "strategy": REMEASURE}
+                self.store.add(row)
+                o = Observation.from_row(row)
+                pt.note(o)
+                obs.append(o)
+                self.on_event("result", point=pt, row=row, obs=o)
+            if self._out_of_time():
+                return
+        strategy.observe_remeasured(obs)
 
 
 def summary_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
