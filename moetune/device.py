@@ -46,7 +46,7 @@ INTERPRETER = DeviceInfo(
 )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def device_info(index: int | None = None) -> DeviceInfo:
     """The CUDA device `index` (current one if None), or the interpreter pseudo-device."""
     import torch

@@ -117,7 +117,7 @@ class KernelSpec:
     def candidates(self) -> Iterator[Config]:
         keys = list(self.space)
         for values in itertools.product(*(self.space[k] for k in keys)):
-            yield dict(zip(keys, values))
+            yield dict(zip(keys, values, strict=True))
 
     def check_config(self, config: Mapping[str, Any]) -> None:
         """ValueError naming the key for a config the kernel does not know or cannot run.
