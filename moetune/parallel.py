@@ -127,6 +127,7 @@ class LocalBackend:
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}  # key -> (task, label), until its result
         self._compile_q: collections.deque = collections.deque()
         self._measure_q: collections.deque = collections.deque()
+        self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
 
     @property
     def workers(self) -> list[str]:
@@ -178,8 +179,21 @@ class LocalBackend:
             if h.busy or not self._compile_q or self._measure_q:
                 continue
             if not on(h.device_index, self.measurers):
-                key = self._compile_q.popleft()
-                h.submit(key, {**self._tasks[key][0], "mode": "compile", "lock": lock}, 2 * self.timeout)
+                key = self._same_problem(h)
+                task = self._tasks[key][0]
+                self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
+                h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
+
+    def _same_problem(self, h: WorkerHandle) -> Any:
+        """The next compile task for ``h``: one of the problem it compiled last if queued (a compile
+        worker keeps one problem's inputs, and making them is slow: a GB of weights), else the oldest."""
+        last = self._affinity.get(h.name)
+        for i, key in enumerate(self._compile_q):
+            task = self._tasks[key][0]
+            if (task.get("kernel"), task.get("problem")) == last:
+                del self._compile_q[i]
+                return key
+        return self._compile_q.popleft()
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
         """(key, result, worker) for every task that ended within ``wait_s`` seconds."""

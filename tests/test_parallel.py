@@ -178,6 +178,22 @@ def test_pool_never_compiles_on_a_gpu_while_it_measures(tmp_path):
                     and [h for h in (c0, c1) if h.busy and h.device_index == d])
 
 
+def test_pool_compile_workers_stay_on_one_problem(tmp_path):
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    c0 = FakeHandle("c0", 0)
+    backend.measurers, backend.compilers = [FakeHandle("gpu0", 0)], [c0]
+    p1, p2 = _problems("test.steady", [1, 2])
+    for key, problem in [("a", p1), ("b", p2), ("c", p1), ("d", p2)]:
+        backend.submit(key, {"kernel": "test.steady", "problem": problem, "mode": "measure"})
+    order = [c0.task_key]
+    for _ in range(3):
+        c0.task_key = None  # compiled; the measurer is held back, as if busy elsewhere
+        backend._measure_q.clear()
+        backend._dispatch()
+        order.append(c0.task_key)
+    assert order == ["a", "c", "b", "d"]  # its problem's tasks first, then the oldest
+
+
 EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
             "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
 
