@@ -20,7 +20,7 @@ from .device import DeviceInfo
 from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 from .store import Store
-from .strategies import DEFAULT_STRATEGY, Observation, SearchContext, get_strategy
+from .strategies import DEFAULT_STRATEGY, STRATEGIES, Observation, SearchContext, get_strategy
 
 BATCH = 64  # candidates proposed (and compiled in parallel) at a time
 REMEASURE = "remeasure"  # strategy tag of the final re-measurement rows
@@ -137,9 +137,7 @@ class Sweep:
     def expected(self, pt: Point) -> int:
         """Measurements this sweep will still make at ``pt`` (for the progress bar)."""
         total = len({canonical_json(c) for c in pt.candidates} | {canonical_json(pt.default)})
-        if self.budget is not None:
-            total = min(total, self.budget)
-        return max(0, total - pt.already)
+        return max(0, STRATEGIES[self.strategy].planned(total, self.budget) - pt.already)
 
     def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
         if problems is not None or not self.points:

@@ -42,12 +42,15 @@ MAX_ROUNDS = 2
 class AdaptiveStrategy(Strategy):
     """Base of strategies that choose each batch from what they measured so far."""
 
+    @classmethod
+    def planned(cls, candidates: int, budget: int | None) -> int:
+        total = budget if budget is not None else max(MIN_BUDGET, math.ceil(DEFAULT_FRACTION * candidates))
+        return min(total, candidates + 1)
+
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.space = Space(ctx.candidates)
-        n = len(ctx.candidates)
-        total = ctx.budget if ctx.budget is not None else max(MIN_BUDGET, math.ceil(DEFAULT_FRACTION * n))
-        self.total = min(total, n + 1)
+        self.total = self.planned(len(ctx.candidates), ctx.budget)
         rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
         self.rounds = rounds
         self.reserve = rounds * FINALISTS

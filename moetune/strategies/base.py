@@ -76,6 +76,11 @@ class Strategy:
         self.history: list[Observation] = []
         self._seen: set[str] = set()  # measured, or proposed and not yet observed
 
+    @classmethod
+    def planned(cls, candidates: int, budget: int | None) -> int:
+        """How many measurements a point of ``candidates`` will take (for progress displays)."""
+        return candidates if budget is None else min(candidates, budget)
+
     def start(self, ctx: SearchContext) -> None:
         """Begin a problem; ``ctx.measured`` seeds the history (resume and warm starts)."""
         self.ctx = ctx
