@@ -286,7 +286,7 @@ def export(db: str | Path, out: str | Path = "configs", *, kernels: Iterable[str
     kernels = [s.name for s in resolve_kernels(list(kernels))] if kernels else []
     if device is not None:
         tables.check_device_name(device, "--device")
-    store = Store(db, create=False)
+    store = Store(db, readonly=True)
     try:
         frame = store.frame(**({"device_name": device} if device is not None else {}))
     finally:

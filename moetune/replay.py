@@ -86,7 +86,7 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     if name.endswith((".sqlite", ".db", ".sqlite3")):
         from .store import Store
 
-        with Store(path, create=False) as store:
+        with Store(path, readonly=True) as store:
             return store.frame()
     if name.endswith((".csv", ".csv.gz")):
         return pd.read_csv(path)
