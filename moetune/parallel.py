@@ -32,7 +32,7 @@ from .runner import Runner, WorkerHandle
 from .spec import Config, KernelSpec, Problem, canonical_json
 from .strategies import Observation, SearchContext, get_strategy
 from .strategies.adaptive import AdaptiveStrategy
-from .sweep import Point, Sweep
+from .sweep import REMEASURE, Point, Sweep
 
 
 # ---- choosing GPUs ---------------------------------------------------------------------------------------
@@ -250,6 +250,8 @@ class _Search:
     started: bool = False  # the default was looked at (measured, stored or claimed elsewhere)
     idle: bool = False  # the strategy said "nothing now"; ask again after the next result
     finished: bool = False
+    finals: list | None = None  # the final re-measurement still to submit (None: not reached yet)
+    final_obs: list = field(default_factory=list)
 
 
 class ParallelSweep(Sweep):
@@ -293,9 +295,12 @@ class ParallelSweep(Sweep):
                 pt = s.point
                 key_of = self._key(pt.problem)
                 for config in configs:
-                    if not self.store.claim(key_of, config, ttl):
+                    if s.finals is not None:  # re-measuring stored configs: no claim, a key per round
+                        key = (s.index, canonical_json(config), REMEASURE, len(s.final_obs) + len(s.pending))
+                    elif not self.store.claim(key_of, config, ttl):
                         continue  # stored meanwhile, or another sweep on this store is measuring it
-                    key = (s.index, canonical_json(config))
+                    else:
+                        key = (s.index, canonical_json(config))
                     inflight[key] = (s, config)
                     s.pending.add(key)
                     self.runner.submit(key, measure_task(pt.spec, pt.problem, config, self.seed,
@@ -318,6 +323,12 @@ class ParallelSweep(Sweep):
             s.strategy = get_strategy(self.strategy)
             s.strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
                                            self._hints(s.index), self.budget, self.seed))
+        if s.finals is not None:
+            batch, s.finals = s.finals[:free], s.finals[free:]
+            s.finished = not batch and not s.pending
+            if s.finished and s.final_obs:
+                s.strategy.observe_remeasured(s.final_obs)
+            return batch
         if s.idle:
             return []
         workers = len(self.runner.workers)
@@ -328,22 +339,36 @@ class ParallelSweep(Sweep):
         batch = s.strategy.propose(n) if n > 0 else []
         if not batch:
             s.idle = bool(s.pending)
-            s.finished = not s.pending
+            if not s.pending:
+                s.finals = self._finals(s)
+                return self._next(s, free)
         return batch
+
+    def _finals(self, s: _Search) -> list[Config]:
+        """The strategy's final re-measurement, unless this point already has one stored (resume)."""
+        again = s.strategy.remeasure() if hasattr(s.strategy, "remeasure") else []
+        stored = self.store.frame(**self._key(s.point.problem))["strategy"]
+        return [] if any(t == REMEASURE for t in stored) else list(again)
 
     def _record(self, s: _Search, key: Any, config: Config, res: dict[str, Any], worker: str) -> None:
         t0 = time.monotonic()
         s.pending.discard(key)
         pt = s.point
         row = self._row(pt, config, res)
+        final = len(key) > 2 and key[2] == REMEASURE
+        if final:
+            row["strategy"] = REMEASURE
         self.store.add(row)
-        self.store.release(self._key(pt.problem), config)
         obs = Observation.from_row(row)
-        pt.counts[obs.status] += 1
         pt.note(obs)
-        if s.strategy is not None:
-            s.strategy.observe([obs])
-            s.idle = False
+        if final:
+            s.final_obs.append(obs)
+        else:
+            self.store.release(self._key(pt.problem), config)
+            pt.counts[obs.status] += 1
+            if s.strategy is not None:
+                s.strategy.observe([obs])
+                s.idle = False
         if "kernel_ms" in res and "parent_ms" in res:
             self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
         self.on_event("result", point=pt, row=row, obs=obs, worker=worker)

@@ -103,3 +103,13 @@ class SteadySpec(CrashySpec):
 
 
 STEADY = register(SteadySpec())
+
+
+class WideSteadySpec(SteadySpec):
+    """Enough good configs for adaptive strategies to reserve a final re-measurement."""
+
+    name = "test.steady_wide"
+    space = {"mode": ("ok",), "v": tuple(range(48))}
+
+
+STEADY_WIDE = register(WideSteadySpec())

@@ -132,6 +132,21 @@ def test_adaptive_strategies_get_whole_batches_of_the_worker_count(tmp_path, mon
         assert rows[rows["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
 
 
+def test_driver_runs_the_final_remeasurement_once(tmp_path):
+    problems = _problems("test.steady_wide", [1, 2])
+    with Store(tmp_path / "r.sqlite") as store:
+        ParallelSweep(store, FakeBackend(3), strategy="model", budget=40, seed=2).run(problems)
+        rows = store.frame()
+        ParallelSweep(store, FakeBackend(3), strategy="model", budget=40, seed=2).run(problems)
+        assert len(store.frame()) == len(rows)  # resume: no second search, no second re-measurement
+    for t in (1, 2):
+        here = rows[rows["tokens"] == t]
+        finals, searched = here[here["strategy"] == "remeasure"], here[here["strategy"] != "remeasure"]
+        assert searched["config"].is_unique and len(searched) <= 40
+        assert len(finals) >= 2 and set(finals["config"]) <= set(searched["config"])
+        assert searched.loc[searched["time_ms"].idxmin(), "config"] in set(finals["config"])
+
+
 # ---- the local pool: fake GPU indices on interpreter workers ---------------------------------------------
 def _sweep(db, runner, driver, problems, strategy="exhaustive", **kw):
     with Store(db) as store, runner:

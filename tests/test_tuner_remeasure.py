@@ -4,17 +4,10 @@ import crashy_spec
 
 from moetune.models import get_model
 from moetune.runner import Runner
-from moetune.spec import register
 from moetune.store import Store
 from moetune.sweep import REMEASURE, Sweep
 
-
-class WideSteadySpec(crashy_spec.SteadySpec):
-    name = "test.steady_wide"
-    space = {"mode": ("ok",), "v": tuple(range(48))}
-
-
-WIDE = register(WideSteadySpec())
+WIDE = crashy_spec.STEADY_WIDE
 
 
 def test_model_strategy_remeasures_its_finalists_once(tmp_path):
