@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 8 on an H200 host: sweep the model list with the default strategy, export the tables, bench
+# default / heuristic / tuned side by side, and check the picker between swept densities.
+#
+#   OUT=/tmp/out bash benchmarks/h200_tables.sh [stage ...]
+#
+# Stages (default: all, in this order): fp8 fp4 gather export bench picker more. Every sweep resumes
+# from $DB, so a stage cut short by its time limit continues where it stopped when run again. Knobs:
+# BUDGET (measurements per point), LIMIT (seconds per sweep command), GPUS (--gpus value). Everything
+# a stage writes lands under $OUT; configs/ is exported in place and also packed into $OUT/configs.tgz.
+set -u
+: "${OUT:?set OUT to a folder for the results}"
+BUDGET=${BUDGET:-24}
+LIMIT=${LIMIT:-200}
+GPUS=${GPUS:-all}
+DB=${DB:-$OUT/h200_tables.sqlite}
+export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
+# A sweep needs no collective; keep NVLink multicast off in case anything initialises NCCL.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+mkdir -p "$OUT"
+mt() { python -m moetune "$@"; }
+sweep() { mt sweep --db "$DB" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet "$@"; }
+stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/stages.log"; }
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(fp8 fp4 gather export bench picker)
+for st in "${stages[@]}"; do
+  stamp "start $st"
+  case $st in
+    fp8)  # DeepSeek-V3 TP=8: the issue's roofline and vLLM comparison points, every active fraction
+      sweep -m deepseek-v3 --tp 8 -k fp8_decode ;;
+    fp4)  # DeepSeek-V4-Flash TP=2 over the prefill route grid, uniform and skewed routing
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing uniform,zipf:1.2 ;;
+    gather)
+      sweep -m deepseek-v4-flash --tp 2 -k gather_rows ;;
+    more)  # the rest of the model list, as far as the time allows
+      sweep -m deepseek-v3 --tp 1 -k fp8_decode --active 1
+      sweep -m kimi-k2 --tp 8 -k fp8_decode --active 1
+      sweep -m qwen3-235b-a22b --tp 4 -k fp8_decode --active 1
+      sweep -m qwen3-30b-a3b --tp 1 -k fp8_decode --active 1
+      sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill
+      sweep -m gpt-oss-120b -k fp4_prefill ;;
+    export)
+      mt export --db "$DB" --out configs | tee "$OUT/export.txt"
+      tar czf "$OUT/configs.tgz" configs ;;
+    bench)
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,2,4,8,16,32,64,128,256 \
+        --csv "$OUT/bench_fp8.csv" --markdown "$OUT/bench_fp8.md"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill \
+        --csv "$OUT/bench_fp4.csv" --markdown "$OUT/bench_fp4.md" ;;
+    picker)  # densities the tables do not hold: the picker's choice against a direct sweep there
+      mt sweep --db "$OUT/direct.sqlite" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet \
+        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --active 1
+      mt sweep --db "$OUT/direct.sqlite" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet \
+        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --csv "$OUT/picker_fp8.csv"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608 --csv "$OUT/picker_fp4.csv" ;;
+    *) echo "unknown stage $st" >&2; exit 2 ;;
+  esac
+  stamp "end $st"
+done
