@@ -1,8 +1,10 @@
 """Specs of the FP8 block-scale decode GEMMs: ``fp8_decode.gate_up`` and ``fp8_decode.down``.
 
 Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
-split-K, "grouped" or "expert" tensor-core blocks per expert) is a tuned parameter like the
-tiles, because the best one moves with route density. A grouped run includes its on-GPU
+split-K, "grouped" tensor-core blocks per expert) and the operand precision (A_FP8: two-term fp8
+activations on fp8 tensor cores) are tuned parameters like the tiles, because the best ones move
+with route density. FUSE is a layer option (it changes what the GEMM writes), timed by
+``benchmarks/fp8_decode.py``, not here. A grouped run includes its on-GPU
 routing step (``align_routes``), which a layer pays once for both GEMMs; a split-K run includes
 the sum of its partials, which the layer folds into the next kernel instead.
 """
@@ -35,6 +37,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "BLOCK_SIZE_K": [128, 256, 512],
         "SPLIT_K": [1, 2, 4, 8, 16],
         "SWAP_AB": [0, 1],
+        "A_FP8": [0, 1],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -74,6 +77,8 @@ class _Fp8DecodeGemm(KernelSpec):
         cfg = {**F.GEMM_DEFAULT, **config}
         n, k = problem.shape["N"], problem.shape["K"]
         bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+        if cfg["FUSE"]:
+            return "FUSE is a layer option (activation / top_k sum fused in), not a GEMM config"
         if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
             return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
         if bn > max(16, triton.next_power_of_2(n)):
