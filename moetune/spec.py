@@ -146,8 +146,23 @@ class KernelSpec:
         return dict(self.default)
 
     # ---- running -------------------------------------------------------------------
-    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
-        """Fresh random inputs (never zeros) for ``problem`` on ``device``."""
+    def make_weights(self, problem: Problem, device: str, seed: int) -> Any:
+        """The large, config-independent part of the inputs (e.g. quantized expert weights), or None
+        when the spec does not split its inputs (the default: third-party specs need not).
+
+        Drawing a gigabyte of weights per candidate is most of a sweep's overhead, so the tuner makes a
+        few weight sets once per (kernel, shape) and worker and hands one to
+        ``make_inputs(..., weights=...)``, which then draws only the fresh, per-candidate parts
+        (activations, routes, outputs). Must depend only on ``problem.shape`` and ``seed``.
+        """
+        return None
+
+    def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
+        """Fresh random inputs (never zeros) for ``problem`` on ``device``.
+
+        ``weights``: a :meth:`make_weights` result to use instead of drawing new weights (only passed
+        to specs whose ``make_weights`` returns something).
+        """
         raise NotImplementedError
 
     def run(self, inputs: Inputs, config: Config) -> None:

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 import traceback
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -94,7 +95,7 @@ class _Candidate:
             limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
             return {**out, "status": "inaccurate", "reason": f"error {err:.3g} vs reference ({limit})"}
         opts = TimingOptions(**self.task.get("timing", {}))
-        sets = [inputs] + [spec.make_inputs(problem, self.where, self.task["seed"] + i)
+        sets = [inputs] + [make_inputs(self, self.task["seed"] + i, i)
                            for i in range(1, self._input_sets(out["bytes"]))]
         fns = [lambda s=s: spec.run(s, self.config) for s in sets]
         reason = None
@@ -124,10 +125,45 @@ class _Candidate:
         return min(4, -(-2 * l2 // max(nbytes, 1)))
 
 
+class _WeightPool:
+    """A worker's weight sets for the current (kernel, shape): each made once, on first use, and
+    reused by every candidate (the weights are the gigabyte-sized, config-independent part of the
+    inputs). Set 0 backs every accuracy check; sets 1..3 only back the L2-rotating timing sets.
+    Weights are made one worker at a time (a file lock), so sixteen compile workers never hold
+    sixteen transient generation peaks at once."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.sets: dict[int, Any] = {}
+
+    def get(self, cand: _Candidate, index: int, lock_path: str | None = None) -> Any:
+        key = (cand.spec.name, cand.problem.shape_key)
+        if key != self.key:
+            self.key, self.sets = key, {}  # free the previous shape's tensors first
+        if index not in self.sets:
+            seed = zlib.crc32(f"weights|{key}|{index}".encode()) & 0x7FFFFFFF
+            with _file_lock(lock_path):
+                self.sets[index] = cand.spec.make_weights(cand.problem, cand.where, seed)
+                cand._sync()
+                if cand.device.is_gpu:  # give generation temporaries back to the other workers
+                    import torch
+
+                    torch.cuda.empty_cache()
+        return self.sets[index]
+
+
+def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str | None = None) -> Any:
+    """Fresh activations, routes and outputs (``seed``) on the pool's weight set ``weight_set``; a spec
+    without :meth:`~moetune.spec.KernelSpec.make_weights` makes everything fresh, as before."""
+    weights = _WEIGHTS.get(cand, weight_set, lock_path)
+    if weights is None:
+        return cand.spec.make_inputs(cand.problem, cand.where, seed)
+    return cand.spec.make_inputs(cand.problem, cand.where, seed, weights=weights)
+
+
 class _CompileInputs:
-    """A compile worker's inputs for the current problem: made once per problem, not per config,
-    and made one worker at a time (a file lock), so sixteen workers never hold sixteen
-    transient weight-generation peaks at once."""
+    """A compile worker's inputs for the current problem: made once per problem, not per config
+    (only the binary matters there), on the same pooled weights as measurements."""
 
     def __init__(self) -> None:
         self.key: Any = None
@@ -137,13 +173,8 @@ class _CompileInputs:
         key = (cand.spec.name, cand.problem)
         if key != self.key:
             self.key = self.inputs = None  # free the previous problem's tensors first
-            with _file_lock(lock_path):
-                self.inputs = cand.spec.make_inputs(cand.problem, cand.where, seed)
-                cand._sync()
-                if cand.device.is_gpu:  # give generation temporaries back to the other workers
-                    import torch
-
-                    torch.cuda.empty_cache()
+            self.inputs = make_inputs(cand, seed, 0, lock_path)
+            cand._sync()
             self.key = key
         return self.inputs
 
@@ -163,14 +194,15 @@ def _file_lock(path: str | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+_WEIGHTS = _WeightPool()
 _COMPILE_INPUTS = _CompileInputs()
 
 
 def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
     """Run one task; every failure a candidate can raise becomes a status and a reason.
 
-    A measurement makes fresh inputs (its own seed) for every candidate; a compile reuses the
-    problem's inputs, since only the binary matters there.
+    A measurement makes fresh activations, routes and outputs (its own seed) for every candidate on
+    the worker's pooled weights; a compile reuses the problem's inputs.
     """
     t0 = time.perf_counter()
     stage = "setup"
@@ -180,7 +212,7 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
         if task["mode"] == "compile":
             inputs = _COMPILE_INPUTS.get(cand, task["seed"], task.get("lock"))
         else:
-            inputs = cand.spec.make_inputs(cand.problem, cand.where, task["seed"])
+            inputs = make_inputs(cand, task["seed"])
         stage = "run"
         result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
     except Exception as e:  # noqa: BLE001 - every failure is data here

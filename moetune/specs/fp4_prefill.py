@@ -23,13 +23,15 @@ GEMMS = ("gate_up", "down")
 TILE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 SWITCHES: dict[str, tuple[str, ...]] = {
     "DECODE": ("bf16", "fp8", "fp8_row", "f16", "fp8_scaled"),
-    "UNPACK": ("join", "asm"),
+    "UNPACK": ("join", "asm", "asm16", "halves"),
+    "SWAP_AB": (0, 1),
     "A_LAYOUT": ("indexed", "gathered"),
 }
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
-    "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "A_LAYOUT": "indexed",
+    "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
+    "A_LAYOUT": "indexed",
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -74,6 +76,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
+    if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
+        raise ValueError(f"config BLOCK_SIZE_K must be >= 64 with UNPACK 'halves' (two dots of K/2, "
+                         f"fp8 dots need K >= 32), got {cfg['BLOCK_SIZE_K']}")
     if cfg["DECODE"] != "bf16" and cfg["BLOCK_SIZE_K"] > 128:
         raise ValueError(f"config BLOCK_SIZE_K must be <= 128 with DECODE {cfg['DECODE']!r} "
                          f"(one activation scale per chunk), got {cfg['BLOCK_SIZE_K']}")
@@ -120,6 +125,8 @@ class Fp4PrefillSpec(KernelSpec):
         except ValueError as e:
             return str(e)
         shape = problem.shape
+        if cfg["DECODE"] == "fp8_scaled" and cfg["UNPACK"] in ("asm16", "halves"):
+            return "DECODE fp8_scaled decodes to e4m3 bytes: UNPACK asm16/halves would run as asm"
         if cfg["BLOCK_SIZE_K"] > shape["K"]:
             return f"BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} exceeds K {shape['K']}"
         if cfg["BLOCK_SIZE_N"] > max(16, _next_pow2(shape["N"])):
@@ -153,25 +160,34 @@ class Fp4PrefillSpec(KernelSpec):
                     BLOCK_SIZE_K=128, num_warps=8 if bm >= 128 else 4)
 
     # ---- inputs -------------------------------------------------------------------------
-    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+    def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:
+        """Packed MXFP4 expert weights and their scales (the large part, reused by the tuner)."""
+        shape = problem.shape
+        e, n, k = shape["E"], shape["N"], shape["K"]
+        dg = torch.Generator(device=device).manual_seed(seed)
+        # Random codes and realistic scales (block maxima around 2^-7..2^-3) straight on the device.
+        packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device, generator=dg)
+        scale = torch.randint(118, 124, (e, n, k // 32), dtype=torch.uint8, device=device, generator=dg)
+        return {"w": packed, "w_scale": scale}
+
+    def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
         from ..quant.fp8_act import quantize_fp8_act
         from ..routing import make_routes
 
         shape = problem.shape
         e, n, k, top_k = shape["E"], shape["N"], shape["K"], shape["top_k"]
+        if weights is None:
+            weights = self.make_weights(problem, device, seed)
         g = torch.Generator().manual_seed(seed)
-        ids, weights = make_routes(problem.tokens, top_k, e, routing=problem.routing,
-                                   active_fraction=problem.active_fraction, generator=g, device=device)
-        dg = torch.Generator(device=device).manual_seed(seed)
-        # Random codes and realistic scales (block maxima around 2^-7..2^-3) straight on the device.
-        packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device, generator=dg)
-        scale = torch.randint(118, 124, (e, n, k // 32), dtype=torch.uint8, device=device, generator=dg)
+        ids, topk_weights = make_routes(problem.tokens, top_k, e, routing=problem.routing,
+                                        active_fraction=problem.active_fraction, generator=g, device=device)
+        dg = torch.Generator(device=device).manual_seed(seed + 1)
         rows = problem.tokens if self.gemm == "gate_up" else problem.tokens * top_k
         a = torch.randn(rows, k, device=device, generator=dg)
         aq, a_s = quantize_fp8_act(a)
         out = torch.empty(problem.tokens * top_k, n, dtype=torch.float32, device=device)
-        tensors = {"a": aq, "a_scale": a_s, "w": packed, "w_scale": scale, "topk_ids": ids,
-                   "topk_weights": weights}
+        tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
+                   "topk_ids": ids, "topk_weights": topk_weights}
         return Inputs(tensors, (out,), extra={"align": {}, "top_k": top_k})
 
     def _align(self, inputs: Inputs, block_m: int):

@@ -120,21 +120,31 @@ class _Fp8DecodeGemm(KernelSpec):
                 "BLOCK_SIZE_K": 256 if long_k else 128, "SPLIT_K": 2 if long_k else 1, "num_stages": 3}
 
     # ---- running ------------------------------------------------------------------------------
-    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+    def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:
+        """Block-quantized fp8 expert weights and their scales (the expensive part, reused by the tuner)."""
         s = problem.shape
-        e, n, k, top_k, dtype = s["E"], s["N"], s["K"], s["top_k"], DTYPES[s["dtype"]]
-        gen = torch.Generator().manual_seed(seed)
         dgen = torch.Generator(device=device).manual_seed(seed)
+        full = torch.randn(s["E"], s["N"], s["K"], generator=dgen, device=device) * 0.05
+        w, scale = quantize_fp8_block(full)
+        return {"w": w, "w_scale": scale}
+
+    def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
+        s = problem.shape
+        e, k, top_k, dtype = s["E"], s["K"], s["top_k"], DTYPES[s["dtype"]]
+        if weights is None:
+            weights = self.make_weights(problem, device, seed)
+        n = weights["w"].shape[1]
+        gen = torch.Generator().manual_seed(seed)
+        dgen = torch.Generator(device=device).manual_seed(seed + 1)
         tokens = problem.tokens
         routes = tokens * top_k
         ids, rw = make_routes(tokens, top_k, e, routing=problem.routing,
                               active_fraction=problem.active_fraction, generator=gen, device=device)
-        w, scale = quantize_fp8_block(torch.randn(e, n, k, generator=dgen, device=device) * 0.05)
         rows = tokens if self.gemm == "gate_up" else routes
         a = torch.randn(rows, k, generator=dgen, device=device).to(dtype)
         out = torch.empty(routes, n, dtype=torch.float32, device=device)
-        return Inputs({"a": a, "w": w, "w_scale": scale, "topk_ids": ids, "topk_weights": rw},
-                      (out,), {"a_row_div": top_k if self.gemm == "gate_up" else 1})
+        return Inputs({"a": a, "w": weights["w"], "w_scale": weights["w_scale"], "topk_ids": ids,
+                       "topk_weights": rw}, (out,), {"a_row_div": top_k if self.gemm == "gate_up" else 1})
 
     def run(self, inputs: Inputs, config: Config) -> None:
         t = inputs.tensors

@@ -1,0 +1,63 @@
+"""The worker's input pool: weights made once per (kernel, shape), everything else fresh per candidate."""
+
+import torch
+
+from moetune import worker
+from moetune.device import device_info
+from moetune.models import get_model
+from moetune.spec import Inputs, KernelSpec, get_spec
+
+
+def _candidate(kernel, problem):
+    task = {"kernel": kernel, "spec_module": "", "problem": problem, "config": {}, "seed": 0}
+    return worker._Candidate(task, device_info())
+
+
+def test_fp8_weights_made_once_and_reused_across_densities(monkeypatch):
+    monkeypatch.setattr(worker, "_WEIGHTS", worker._WeightPool())
+    spec = get_spec("fp8_decode.gate_up")
+    calls = []
+    real = spec.make_weights
+    monkeypatch.setattr(spec, "make_weights", lambda *a: calls.append(a[2]) or real(*a))
+    shape = spec.shape_from_model(get_model("tiny"))
+    one, four = spec.problem(shape, 1), spec.problem(shape, 4)
+    a = worker.make_inputs(_candidate(spec.name, one), seed=1)
+    b = worker.make_inputs(_candidate(spec.name, one), seed=2)
+    c = worker.make_inputs(_candidate(spec.name, four), seed=3)
+    assert len(calls) == 1  # one weight set for the shape, whatever the density
+    assert a.tensors["w"] is b.tensors["w"] is c.tensors["w"]
+    assert not torch.equal(a.tensors["a"], b.tensors["a"])  # fresh activations per candidate
+    assert c.tensors["a"].shape[0] == 4 and c.outputs[0].shape[0] == 4 * shape["top_k"]
+    rotated = worker.make_inputs(_candidate(spec.name, one), seed=4, weight_set=1)
+    assert len(calls) == 2 and calls[0] != calls[1]  # another seeded weight set for L2 rotation
+    assert not torch.equal(rotated.tensors["w"].float(), a.tensors["w"].float())
+
+
+def test_fp4_inputs_with_pooled_weights_match_the_reference():
+    spec = get_spec("fp4_prefill.gate_up")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 4)
+    weights = spec.make_weights(problem, "cpu", 7)
+    x = spec.make_inputs(problem, "cpu", 1, weights=weights)
+    y = spec.make_inputs(problem, "cpu", 2, weights=weights)
+    assert x.tensors["w"] is weights["w"] and not torch.equal(x.tensors["a"].float(), y.tensors["a"].float())
+    alone = spec.make_inputs(problem, "cpu", 1)  # no pool: a complete input set as before
+    assert alone.tensors["w"].shape == weights["w"].shape
+
+
+class _InputsOnly(KernelSpec):
+    """A plugin spec from before make_weights: make_inputs without a ``weights`` argument."""
+
+    name = "test.inputs_only"
+
+    def make_inputs(self, problem, device, seed):
+        return Inputs({"x": torch.full((2,), float(seed))}, (torch.empty(2),))
+
+
+def test_a_spec_without_make_weights_gets_fresh_inputs(monkeypatch):
+    monkeypatch.setattr(worker, "_WEIGHTS", worker._WeightPool())
+    monkeypatch.setattr(worker._Candidate, "__init__", lambda self, task, device: None)
+    cand = worker._Candidate({}, None)
+    cand.spec, cand.where, cand.device = _InputsOnly(), "cpu", device_info()
+    cand.problem = _InputsOnly().problem({"E": 2, "N": 2, "K": 2, "top_k": 1}, 1)
+    assert worker.make_inputs(cand, 3).tensors["x"][0] == 3.0
+    assert worker.make_inputs(cand, 5).tensors["x"][0] == 5.0
