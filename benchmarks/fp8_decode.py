@@ -1,16 +1,23 @@
-"""H200 benchmark of the FP8 block-scale decode path (issue 2).
+"""H200 benchmark of the FP8 block-scale decode path (issue 2): old best configs against the variants.
 
-(a) CUDA-graph replay check: one capture per algorithm, replayed with all-active, mixed and
-    all-inactive routes while inputs change, every buffer NaN-poisoned before each replay.
-(c) Per GEMM, a hand sweep of configs (both algorithms) under CUDA graphs: best time and
-    roofline fraction (distinct experts' weight + scale bytes, activations, outputs over 4.27 TB/s).
-(b) The whole layer under CUDA graphs with the best configs from (c): skip path (ids -1) against
-    the clamped path (ids -1 -> slot 0, weight 0), tokens 1/4/16/64, active 8/8, 4/8, 2/8, 0/8.
+One call, within --budget seconds (compiles included), for DeepSeek-V3 TP=8 (E 256, H 7168, I 256,
+top_k 8) at 1/4/16/64 tokens, everything under CUDA graphs:
+(a) graph replay check: one capture per layer variant, replayed with 8/8, 2/8, 0/8 active routes while
+    the inputs change, every buffer NaN-poisoned before each replay; results against the reference.
+(b) each GEMM alone: session 1's best config ("old") against W8A16 GEMVs with pipelining and the A_FP8
+    variants (two-term fp8 activations on fp8 tensor cores), each checked against a torch reference
+    before it is timed; us and % of roofline (distinct experts' weight + scale bytes, activation rows,
+    fp32 outputs, over 4.27 TB/s copy bandwidth).
+(c) the whole layer (routing step, gate/up, activation, down, top_k sum): old vs this run's best GEMMs
+    vs FUSE variants (activation in gate/up, top_k sum in down: fewer graph nodes), checked first;
+    then skip (ids -1) vs clamped (ids -1 -> slot 0, weight 0) at 8/8, 2/8, 0/8 active for old and the
+    fastest new layer.
 
-Each timed graph holds REPS launches, each with its own routing, so expert weights are not
-served from L2 by the previous launch. Usage:
-    PYTHONPATH=. python benchmarks/fp8_decode.py --out $OUT
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/fp8_decode.py --smoke   # CPU syntax check
+Each timed graph holds --reps launches with their own routing (no L2 reuse between launches); median
+of --iters replays, divided by --reps. Tokens run in order 1, 4, 16, 64, each complete before the next;
+no new work starts once the budget is spent (what was skipped is listed). Usage:
+    PYTHONPATH=. python benchmarks/fp8_decode.py --out $OUT --budget 200
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/fp8_decode.py --smoke --out /tmp/fp8   # CPU
 """
 
 from __future__ import annotations
@@ -26,314 +33,363 @@ from pathlib import Path
 import torch
 
 from moetune.kernels import fp8_decode as F
-from moetune.quant.fp8_block import quantize_fp8_block
+from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from moetune.routing import make_routes
 
-BW = 4.27e12  # measured device copy bandwidth, bytes/s
-MODELS = {"deepseek-v3-tp8": dict(E=256, H=7168, I=256), "qwen3-30b-a3b": dict(E=128, H=2048, I=768)}
+BW = 4.27e12  # measured copy bandwidth, bytes/s
 TOP_K = 8
-TOKENS = (1, 4, 16, 64)
-ACTIVE = (8, 4, 2, 0)
+TOL = 1e-2
 
 
-def route(bn, bk, split, warps=4, stages=1):
-    return dict(ALGO="route", BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split, num_warps=warps,
-                num_stages=stages)
+def cfg(algo, bn, bk, split, warps=4, stages=1, bm=16, swap=0, a8=0, fuse=0):
+    return dict(ALGO=algo, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split, SWAP_AB=swap,
+                A_FP8=a8, FUSE=fuse, num_warps=warps, num_stages=stages)
 
 
-def grouped(bm, bn, bk, split, warps=4, stages=3, swap=0):
-    return dict(ALGO="grouped", BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split,
-                SWAP_AB=swap, num_warps=warps, num_stages=stages)
+# session 1's best hand configs per (GEMM, tokens), results/fp8_decode.md run 2
+OLD = {("gate_up", 1): cfg("route", 128, 512, 4, 8), ("gate_up", 4): cfg("route", 32, 512, 4, 4, 3),
+       ("gate_up", 16): cfg("route", 128, 256, 1, 8), ("gate_up", 64): cfg("grouped", 64, 256, 2, 4, 3),
+       ("down", 1): cfg("route", 128, 256, 1, 8), ("down", 4): cfg("route", 128, 256, 1, 8),
+       ("down", 16): cfg("route", 128, 256, 1, 8), ("down", 64): cfg("grouped", 128, 128, 1, 4, 3)}
+NEW = {
+    "gate_up": [cfg("route", 128, 512, 4, 8, 2), cfg("route", 64, 256, 4, 4, 3),
+                cfg("route", 64, 256, 4, 4, 3, a8=1), cfg("route", 128, 256, 4, 4, 3, a8=1),
+                cfg("grouped", 64, 256, 2, 4, 3, a8=1), cfg("grouped", 128, 128, 2, 4, 4, swap=1, a8=1)],
+    "down": [cfg("route", 64, 256, 1, 4, 2), cfg("route", 128, 256, 1, 4, 2, a8=1),
+             cfg("route", 64, 128, 1, 4, 2, a8=1), cfg("grouped", 128, 128, 1, 4, 3, a8=1),
+             cfg("grouped", 128, 128, 1, 4, 3, swap=1, a8=1)],
+}
+FUSED = {"gate_up": [cfg("route", 16, 512, 1, 4, 3, fuse=1), cfg("route", 32, 256, 1, 4, 3, fuse=1)],
+         "down": [cfg("route", 32, 256, 1, 4, 2, fuse=1), cfg("route", 64, 256, 1, 8, 2, fuse=1)]}
 
 
-SWEEP = [
-    route(16, 128, 1, 4, 1),  # shipped default
-    route(32, 512, 4), route(32, 512, 4, 4, 3), route(64, 512, 4), route(128, 512, 4, 8),
-    route(32, 512, 7), route(32, 512, 14), route(16, 1024, 7), route(64, 512, 14, 8), route(64, 256, 4),
-    route(64, 256, 1), route(128, 256, 1, 8), route(32, 256, 1), route(64, 128, 1),
-    grouped(16, 64, 128, 1), grouped(16, 64, 128, 1, 4, 5), grouped(16, 128, 128, 1),
-    grouped(16, 64, 256, 2), grouped(16, 64, 128, 4), grouped(16, 256, 128, 1, 8, 3),
-    grouped(16, 64, 128, 1, 4, 3, 1), grouped(16, 128, 128, 1, 4, 3, 1), grouped(16, 64, 128, 4, 4, 3, 1),
-    grouped(16, 128, 256, 1, 4, 3, 1), grouped(32, 128, 128, 1, 4, 3, 1), grouped(16, 128, 128, 2, 4, 4, 1),
-    grouped(16, 128, 128, 1, 8, 4, 1), grouped(16, 64, 128, 2, 4, 4, 1),
-]
+def label(c):
+    c = F.check_gemm_config(c)
+    flags = "".join(f for f, on in (("+swap", c["SWAP_AB"]), ("+a8", c["A_FP8"]), ("+fuse", c["FUSE"])) if on)
+    bm = f"BM{c['BLOCK_SIZE_M']} " if c["ALGO"] == "grouped" else ""
+    return (f"{c['ALGO']} {bm}BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} S{c['SPLIT_K']} "
+            f"w{c['num_warps']} st{c['num_stages']}{flags}")
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+def fit(c, n, k):
+    """The config shrunk to a (tiny, smoke) problem: tiles no larger than N and K, splits <= K blocks."""
+    c = dict(c)
+    c["BLOCK_SIZE_K"] = min(c["BLOCK_SIZE_K"], max(128, 1 << (k - 1).bit_length()))
+    c["BLOCK_SIZE_N"] = min(c["BLOCK_SIZE_N"], max(16, 1 << (n - 1).bit_length()))
+    c["SPLIT_K"] = min(c["SPLIT_K"], -(-k // c["BLOCK_SIZE_K"]))
+    return c
 
 
-_MODELS: dict = {}
+class Bench:
+    def __init__(self, args):
+        self.smoke = args.smoke
+        self.device = "cpu" if args.smoke else "cuda"
+        self.reps, self.iters = (1, 1) if args.smoke else (args.reps, args.iters)
+        self.deadline = time.time() + args.budget
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.logf = open(self.out / "fp8_decode.log", "w")
+        self.skipped: list[str] = []
 
+    def log(self, msg):
+        print(msg, flush=True)
+        self.logf.write(msg + "\n")
+        self.logf.flush()
 
-def make_model(E, H, I, device, gen=None):
-    """Random block-quantized expert banks, built once per shape (on the device: fast)."""
-    key = (E, H, I, device)
-    if key not in _MODELS:
-        g = torch.Generator(device=device).manual_seed(E * 7 + H)
-        w13, s13 = quantize_fp8_block(torch.randn(E, 2 * I, H, generator=g, device=device) * 0.05)
-        w2, s2 = quantize_fp8_block(torch.randn(E, H, I, generator=g, device=device) * 0.05)
-        _MODELS[key] = (w13, s13, w2, s2)
-    return _MODELS[key]
+    def time_left(self, what, need=0.0):
+        if time.time() + need < self.deadline:
+            return True
+        self.skipped.append(what)
+        self.log(f"budget spent: skipping {what}")
+        return False
 
+    def sync(self):
+        if not self.smoke:
+            torch.cuda.synchronize()
 
-def routes_for(tokens, E, active, gen, device, clamp=False):
-    ids, rw = make_routes(tokens, TOP_K, E, active_fraction=active / TOP_K, generator=gen, device=device)
-    if clamp:
-        ids = torch.where(ids < 0, torch.zeros_like(ids), ids)
-    return ids, rw
-
-
-def time_graph(fn, reps, iters, smoke):
-    """Median microseconds per fn call: a graph of `reps` calls (fn(i) uses input set i), replayed."""
-    if smoke:
-        for i in range(reps):
+    def time_graph(self, fn):
+        """Median us per fn(i) call, i over the reps input sets, from one graph of all reps calls."""
+        for i in range(self.reps):
             fn(i)
-        return float("nan")
-    for i in range(reps):  # compile and warm up outside the capture
-        fn(i)
-    sync()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(reps):
-            fn(i)
-    g.replay()
-    sync()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(iters):
-        start.record()
+        if self.smoke:
+            return float("nan")
+        self.sync()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(self.reps):
+                fn(i)
         g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times)
+        self.sync()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(self.iters):
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / self.reps)
+        return statistics.median(times)
 
 
-def gemm_bytes(ids, N, K, x_rows, a_bytes):
+def make_model(E, H, I, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    w13, s13 = quantize_fp8_block(torch.randn(E, 2 * I, H, generator=g, device=device) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(E, H, I, generator=g, device=device) * 0.05)
+    return w13, s13, w2, s2
+
+
+def routes(tokens, E, active, gen, device):
+    return make_routes(tokens, TOP_K, E, active_fraction=active / TOP_K, generator=gen, device=device)
+
+
+def gemm_bytes(ids, N, K, rows, a_bytes=2):
     experts = ids[ids >= 0].unique().numel()
-    scales = -(-N // 128) * -(-K // 128) * 4
-    return experts * (N * K + scales) + x_rows * K * a_bytes + ids.numel() * N * 4
+    return experts * (N * K + -(-N // 128) * -(-K // 128) * 4) + rows * K * a_bytes + ids.numel() * N * 4
+
+
+def rel(out, ref, mask=None):
+    out, ref = out.double(), ref.double()
+    if mask is not None:
+        out, ref = out[mask], ref[mask]
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def ref_gemm(a, w, s, ids, rw, a_row_div):
-    from moetune.quant.fp8_block import dequantize_fp8_block
-
     flat = ids.reshape(-1)
     out = torch.zeros(flat.numel(), w.shape[1], device=a.device)
     for e in flat[flat >= 0].unique().tolist():
-        rows = (flat == e).nonzero().flatten()
-        out[rows] = a[rows // a_row_div].float() @ dequantize_fp8_block(w[e], s[e]).T
+        r = (flat == e).nonzero().flatten()
+        out[r] = a[r // a_row_div].float() @ dequantize_fp8_block(w[e], s[e]).T
     if rw is not None:
         out *= rw.reshape(-1, 1)
-    return out, flat >= 0
+    return out
 
 
-def graph_check(device, smoke, log):
-    """(a): one capture per algorithm; routing, x and weights change between replays; buffers poisoned."""
-    E, H, I, M = (8, 256, 128, 3) if smoke else (64, 1024, 384, 16)
+def layer_variants(tokens, best, N13, K13, N2, K2, shrink):
+    """name -> per-GEMM configs for the layer timing."""
+    g = {gm: [shrink(c, gm) for c in FUSED[gm]] for gm in F.GEMMS}
+    out = {"old": {gm: shrink(OLD[(gm, tokens)], gm) for gm in F.GEMMS}}
+    if best:
+        out["new"] = dict(best)
+        out["new+fused-down"] = {"gate_up": best["gate_up"], "down": g["down"][0]}
+    out["fused-1"] = {"gate_up": g["gate_up"][0], "down": g["down"][0]}
+    out["fused-2"] = {"gate_up": g["gate_up"][1], "down": g["down"][1]}
+    return out
+
+
+def run(b: Bench, args):
+    E, H, I = (8, 128, 64) if b.smoke else (256, 7168, 256)
+    token_list = (1,) if b.smoke else tuple(args.tokens)
+    dev = b.device
+    t0 = time.time()
+    w13, s13, w2, s2 = make_model(E, H, I, dev)
+    b.log(f"model E {E} H {H} I {I} top_k {TOP_K} built in {time.time() - t0:.1f}s")
+    dims = {"gate_up": (2 * I, H), "down": (H, I)}
+
+    def shrink(c, gemm):
+        return fit(c, *dims[gemm]) if b.smoke else c
+
+    gemm_rows, layer_rows, checks = [], [], []
     gen = torch.Generator().manual_seed(1)
-    w13, s13, w2, s2 = make_model(E, H, I, device, gen)
-    x = torch.randn(M, H, generator=gen).to(device, torch.bfloat16)
-    ids, rw = routes_for(M, E, 8, gen, device)
-    results = []
-    for name, cfg in (("route", route(32, 256, 2)), ("grouped", grouped(16, 64, 128, 2, swap=1)),
-                      ("mixed", None)):
-        conf = ({"gate_up": F.check_gemm_config(cfg), "down": F.check_gemm_config(cfg)} if cfg else
-                {"gate_up": F.check_gemm_config(grouped(16, 64, 256, 2, 4, 3, 1)),
-                 "down": F.check_gemm_config(route(16, 128, 3))})
-        bufs = F.layer_buffers(M, TOP_K, H, I, torch.bfloat16, conf, device)
-
-        def layer(conf=conf, bufs=bufs):
-            return F.decode_moe_into(x, w13, s13, w2, s2, rw, ids, conf, bufs, "silu", None)
-
-        layer()
-        sync()
-        if not smoke:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                layer()
-        for active in ((8, 0) if smoke else (8, 4, 0, 8, 2)):
-            new_ids, new_rw = routes_for(M, E, active, gen, device)
-            ids.copy_(new_ids)
-            rw.copy_(new_rw)
-            x.copy_(torch.randn(M, H, generator=gen).to(device, torch.bfloat16))
-            for t in bufs.values():
-                t.fill_(float("nan"))
-            g.replay() if not smoke else layer()
-            sync()
-            ref = F.fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids).float()
-            out = bufs["out"].float()
-            err = (((out - ref).norm() / ref.norm()).item() if active else out.abs().max().item())
-            ok = bool(torch.isfinite(out).all()) and err < 1e-2
-            results.append(dict(config=name, active=active, err=err, ok=ok))
-            log(f"graph replay {name:8s} active {active}/8: err {err:.2e} {'ok' if ok else 'FAIL'}")
-    return results
-
-
-def gemm_sweep(device, smoke, log, reps, iters):
-    """(c): per model, GEMM and token count, every SWEEP config; returns rows with the best marked."""
-    rows = []
-    models = {"tiny": dict(E=8, H=256, I=128)} if smoke else MODELS
-    sweep = SWEEP[:1] + SWEEP[20:21] if smoke else SWEEP
-    tokens_list = (1,) if smoke else TOKENS
-    for mname, dims in models.items():
-        E, H, I = dims["E"], dims["H"], dims["I"]
-        gen = torch.Generator().manual_seed(2)
-        w13, s13, w2, s2 = make_model(E, H, I, device, gen)
-        for tokens in tokens_list:
-            R = tokens * TOP_K
-            sets = [routes_for(tokens, E, 8, gen, device) for _ in range(reps)]
-            xs = [torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
-            acts = [torch.randn(R, I, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
-            for gemm in ("gate_up", "down"):
-                w, s, N, K = (w13, s13, 2 * I, H) if gemm == "gate_up" else (w2, s2, H, I)
-                nbytes = statistics.mean(gemm_bytes(ids, N, K, tokens if gemm == "gate_up" else R, 2)
-                                         for ids, _ in sets)
-                ref = None
-                for cfg in sweep:
-                    c = F.check_gemm_config(cfg)
-                    kblocks = -(-K // c["BLOCK_SIZE_K"])
-                    if c["BLOCK_SIZE_N"] > N or c["BLOCK_SIZE_K"] > max(128, K) or c["SPLIT_K"] > kblocks:
-                        continue
-                    outs = [torch.empty(c["SPLIT_K"], R, N, device=device) for _ in range(reps)]
-                    aligned = [F.align_routes(ids, E, c["BLOCK_SIZE_M"]) if c["ALGO"] == "grouped" else None
+    for tokens in token_list:
+        if not b.time_left(f"tokens {tokens} (all)"):
+            continue
+        R = tokens * TOP_K
+        sets = [routes(tokens, E, 8, gen, dev) for _ in range(b.reps)]
+        xs = [torch.randn(tokens, H, generator=gen).to(dev, torch.bfloat16) for _ in range(b.reps)]
+        acts = [torch.randn(R, I, generator=gen).to(dev, torch.bfloat16) for _ in range(b.reps)]
+        best: dict[str, dict] = {}
+        # ---- (b) each GEMM alone ----
+        for gemm in F.GEMMS:
+            w, s = (w13, s13) if gemm == "gate_up" else (w2, s2)
+            N, K = dims[gemm]
+            a_list = xs if gemm == "gate_up" else acts
+            div = TOP_K if gemm == "gate_up" else 1
+            nbytes = statistics.mean(gemm_bytes(ids, N, K, tokens if gemm == "gate_up" else R)
+                                     for ids, _ in sets)
+            ids0, rw0 = sets[0]
+            ref = ref_gemm(a_list[0], w, s, ids0, rw0 if gemm == "down" else None, div)
+            mask = ids0.reshape(-1) >= 0
+            cands = [("old", shrink(OLD[(gemm, tokens)], gemm))]
+            cands += [("new", shrink(c, gemm)) for c in NEW[gemm]]
+            best_us = float("inf")
+            for kind, c in cands:
+                name = f"t={tokens} {gemm} {label(c)}"
+                if not b.time_left(name, need=2.0):
+                    break
+                row = dict(tokens=tokens, gemm=gemm, kind=kind, config=label(c), floor_us=nbytes / BW * 1e6)
+                try:
+                    cc = F.check_gemm_config(c)
+                    outs = [torch.empty(cc["SPLIT_K"], R, N, device=dev) for _ in range(b.reps)]
+                    grouped = cc["ALGO"] == "grouped"
+                    aligned = [F.align_routes(ids, E, cc["BLOCK_SIZE_M"]) if grouped else None
                                for ids, _ in sets]
 
-                    def call(i, c=c, gemm=gemm, w=w, s=s, outs=outs, aligned=aligned, sets=sets, xs=xs,
-                             acts=acts):
+                    def call(i, cc=cc, outs=outs, aligned=aligned, w=w, s=s, a_list=a_list, div=div,
+                             gemm=gemm, sets=sets):
                         ids, rw = sets[i]
-                        if gemm == "gate_up":
-                            F.fp8_block_gemm(xs[i], w, s, ids, outs[i], c, a_row_div=TOP_K,
-                                             aligned=aligned[i])
-                        else:
-                            F.fp8_block_gemm(acts[i], w, s, ids, outs[i], c, topk_weights=rw,
-                                             aligned=aligned[i])
+                        F.fp8_block_gemm(a_list[i], w, s, ids, outs[i], cc, a_row_div=div, aligned=aligned[i],
+                                         topk_weights=rw if gemm == "down" else None)
 
-                    try:
-                        us = time_graph(call, reps, iters, smoke)
-                    except Exception as e:  # a config that fails to compile is reported, not fatal
-                        log(f"{mname} {gemm} t={tokens} {cfg}: FAILED {type(e).__name__}: {e}")
-                        continue
+                    outs[0].fill_(float("nan"))
                     call(0)
-                    sync()
-                    if ref is None:
-                        ids, rw = sets[0]
-                        ref, act_mask = ref_gemm(xs[0] if gemm == "gate_up" else acts[0], w, s, ids,
-                                                 rw if gemm == "down" else None,
-                                                 TOP_K if gemm == "gate_up" else 1)
-                    got = outs[0].sum(0)[act_mask]
-                    err = ((got - ref[act_mask]).norm() / ref[act_mask].norm()).item()
-                    frac = nbytes / BW / (us * 1e-6) if us == us else float("nan")
-                    rows.append(dict(model=mname, gemm=gemm, tokens=tokens, config=cfg, us=us,
-                                     roofline_us=nbytes / BW * 1e6, frac=frac, err=err))
-                    log(f"{mname:16s} {gemm:7s} t={tokens:3d} {json.dumps(cfg, separators=(',', ':'))}: "
-                        f"{us:8.2f} us  roofline {frac:6.1%}  err {err:.1e}")
-                if not smoke:  # the grouped path's routing step, once per layer
-                    us = time_graph(lambda i, sets=sets, E=E: F.align_routes(sets[i][0], E, 16), reps, iters,
-                                    smoke)
-                    log(f"{mname:16s} align_routes(BM 16) t={tokens:3d}: {us:.2f} us")
-    return rows
+                    b.sync()
+                    row["err"] = rel(outs[0].sum(0), ref, mask)
+                    if row["err"] < TOL:
+                        row["us"] = b.time_graph(call)
+                        row["roofline"] = nbytes / BW / (row["us"] * 1e-6)
+                        if kind == "new" and row["us"] < best_us or (b.smoke and gemm not in best):
+                            best_us, best[gemm] = row["us"], c
+                    else:
+                        row["status"] = "inaccurate"
+                except Exception as e:  # a variant that fails to compile or run is recorded, not fatal
+                    row["status"] = f"error {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                gemm_rows.append(row)
+                b.log(f"t={tokens:3d} {gemm:7s} {kind:3s} {row['config']:44s} "
+                      + (f"{row['us']:8.2f} us {row['roofline']:6.1%}  err {row['err']:.1e}" if "us" in row
+                         else row.get("status", "")))
+        if not b.smoke:  # the grouped path's routing step, paid once per layer
+            us = b.time_graph(lambda i, sets=sets: F.align_routes(sets[i][0], E, 16))
+            b.log(f"t={tokens:3d} align_routes BM16: {us:.2f} us")
+            gemm_rows.append(dict(tokens=tokens, gemm="align_routes", kind="old", config="BM16", us=us))
+        # ---- (c) the whole layer ----
+        variants = layer_variants(tokens, best if len(best) == 2 else None, *dims["gate_up"], *dims["down"],
+                                  shrink)
+        floor = statistics.mean(gemm_bytes(ids, 2 * I, H, tokens) + gemm_bytes(ids, H, I, R)
+                                for ids, _ in sets)
+        results = {}
+        for vname, conf in variants.items():
+            if not b.time_left(f"t={tokens} layer {vname}", need=3.0):
+                break
+            conf = {gm: F.check_gemm_config(c) for gm, c in conf.items()}
+            results[vname] = res = dict(tokens=tokens, variant=vname, floor_us=floor / BW * 1e6,
+                                        config={gm: label(c) for gm, c in conf.items()})
+            try:
+                res.update(layer_times(b, conf, (w13, s13, w2, s2), tokens, E, H, I, xs, gen,
+                                       actives=(8,), clamp=False))
+            except Exception as e:
+                res["status"] = f"error {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            msg = (f"{res['skip_8']:8.2f} us {floor / BW / (res['skip_8'] * 1e-6):6.1%}  "
+                   f"err {res['err_8']:.1e}" if "skip_8" in res else res.get("status", ""))
+            b.log(f"t={tokens:3d} layer {vname:15s} {msg}  {res['config']}")
+        timed = {k: v for k, v in results.items() if "skip_8" in v and k != "old"}
+        fastest = min(timed, key=lambda k: (timed[k]["skip_8"], k) if not b.smoke else (0, k), default=None)
+        for vname in ("old", fastest):
+            if vname is None or vname not in results or "skip_8" not in results[vname]:
+                continue
+            if not b.time_left(f"t={tokens} skip vs clamped {vname}", need=4.0):
+                break
+            conf = {gm: F.check_gemm_config(c) for gm, c in variants[vname].items()}
+            res = results[vname]
+            try:
+                res.update(layer_times(b, conf, (w13, s13, w2, s2), tokens, E, H, I, xs, gen,
+                                       actives=(8, 2, 0), clamp=True))
+            except Exception as e:
+                res["status"] = f"error {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                continue
+            for a in (8, 2, 0):
+                b.log(f"t={tokens:3d} layer {vname:15s} {a}/8 active: skip {res[f'skip_{a}']:8.2f} us  "
+                      f"clamped {res[f'clamped_{a}']:8.2f} us  {res[f'clamped_{a}'] / res[f'skip_{a}']:6.2f}x"
+                      f"  err {res[f'err_{a}']:.1e}")
+        layer_rows += results.values()
+        checks += [dict(tokens=tokens, variant=k, active=a, err=v[f"err_{a}"], ok=v[f"err_{a}"] < TOL)
+                   for k, v in results.items() for a in (8, 2, 0) if f"err_{a}" in v]
+    return gemm_rows, layer_rows, checks
 
 
-def best_configs(rows):
-    best = {}
-    for r in rows:
-        key = (r["model"], r["gemm"], r["tokens"])
-        if r["err"] < 1e-2 and (key not in best or r["us"] < best[key]["us"]):
-            best[key] = r
-    return best
-
-
-def layer_bench(device, smoke, log, best, reps, iters):
-    """(b): skip vs clamped, whole layer (all launches) under CUDA graphs with the best configs."""
-    rows = []
-    models = {"tiny": dict(E=8, H=256, I=128)} if smoke else MODELS
-    for mname, dims in models.items():
-        E, H, I = dims["E"], dims["H"], dims["I"]
-        gen = torch.Generator().manual_seed(3)
-        w13, s13, w2, s2 = make_model(E, H, I, device, gen)
-        for tokens in ((1,) if smoke else TOKENS):
-            conf = {g: F.check_gemm_config(best[(mname, g, tokens)]["config"]
-                                           if (mname, g, tokens) in best else {}) for g in F.GEMMS}
-            xs = [torch.randn(tokens, H, generator=gen).to(device, torch.bfloat16) for _ in range(reps)]
-            bufs = [F.layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, device) for _ in range(reps)]
-            for active in ((2,) if smoke else ACTIVE):
-                base = [routes_for(tokens, E, active, gen, device) for _ in range(reps)]
-                res = {}
-                for path in ("skip", "clamped"):
-                    sets = base if path == "skip" else [
-                        (torch.where(i < 0, torch.zeros_like(i), i), w) for i, w in base]
-
-                    def call(i, sets=sets, xs=xs, model=(w13, s13, w2, s2), conf=conf, bufs=bufs):
-                        ids, rw = sets[i]
-                        F.decode_moe_into(xs[i], *model, rw, ids, conf, bufs[i], "silu", None)
-
-                    res[path] = time_graph(call, reps, iters, smoke)
-                speedup = res["clamped"] / res["skip"]
-                rows.append(dict(model=mname, tokens=tokens, active=active, skip_us=res["skip"],
-                                 clamped_us=res["clamped"], speedup=speedup, config=conf))
-                log(f"{mname:16s} layer t={tokens:3d} active {active}/8: skip {res['skip']:8.2f} us  "
-                    f"clamped {res['clamped']:8.2f} us  {speedup:6.2f}x")
-    return rows
+def layer_times(b, conf, model, tokens, E, H, I, xs, gen, actives, clamp):
+    """Per active count: the replay check of one capture (inputs changed, buffers NaN-poisoned before
+    each replay, compared with the reference), then skip (and clamped) timings of reps launches."""
+    dev = b.device
+    w13, s13, w2, s2 = model
+    res = {}
+    for a in actives:
+        sets = [routes(tokens, E, a, gen, dev) for _ in range(b.reps)]
+        bufs = [F.layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, dev) for _ in range(b.reps)]
+        x = xs[0].clone()
+        ids, rw = (t.clone() for t in sets[0])
+        F.decode_moe_into(x, *model, rw, ids, conf, bufs[0])  # compile outside the capture
+        b.sync()
+        if b.smoke:
+            graph = None
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                F.decode_moe_into(x, *model, rw, ids, conf, bufs[0])
+        errs = []
+        for i in range(min(2, b.reps)):  # replay with changed routing and inputs, poisoned buffers
+            ids.copy_(sets[i][0])
+            rw.copy_(sets[i][1])
+            x.copy_(xs[i] * (1 + i))
+            for t in bufs[0].values():
+                t.fill_(float("nan"))
+            graph.replay() if graph is not None else F.decode_moe_into(x, *model, rw, ids, conf, bufs[0])
+            b.sync()
+            ref = F.fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids).float()
+            out = bufs[0]["out"].float()
+            exact_zero = torch.equal(out, torch.zeros_like(out))
+            errs.append(rel(out, ref) if a else (0.0 if exact_zero else float("inf")))
+        res[f"err_{a}"] = max(errs)
+        if res[f"err_{a}"] >= TOL:
+            raise RuntimeError(f"layer check failed at {a}/8 active: error {res[f'err_{a}']:.2e}")
+        paths = [("skip", sets)]
+        if clamp:  # the same routing without a skip path: inactive routes read slot 0 with weight 0
+            paths.append(("clamped", [(torch.where(i < 0, torch.zeros_like(i), i),
+                                       torch.where(i < 0, torch.zeros_like(w), w)) for i, w in sets]))
+        for path, ss in paths:
+            def call(i, ss=ss, bufs=bufs):
+                F.decode_moe_into(xs[i], *model, ss[i][1], ss[i][0], conf, bufs[i])
+            res[f"{path}_{a}"] = b.time_graph(call)
+    return res
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, no graphs (CPU interpreter)")
+    ap.add_argument("--budget", type=float, default=200.0, help="seconds; no new work starts after it")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--reps", type=int, default=8, help="launches per graph, each with its own routing")
-    ap.add_argument("--iters", type=int, default=25, help="graph replays timed")
-    ap.add_argument("--configs", help="JSON file of configs replacing the built-in sweep")
+    ap.add_argument("--iters", type=int, default=20, help="graph replays timed")
     args = ap.parse_args()
-    smoke = args.smoke
-    device = "cpu" if smoke else "cuda"
-    if args.configs:
-        SWEEP[:] = json.loads(Path(args.configs).read_text())
-    if smoke:
-        args.reps, args.iters = 1, 1
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    logf = open(out_dir / "fp8_decode.log", "w")
-
-    def log(msg):
-        print(msg, flush=True)
-        logf.write(msg + "\n")
-        logf.flush()
-
-    if not smoke:
+    b = Bench(args)
+    if not b.smoke:
         import triton
 
-        log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
+        b.log(f"{torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__}")
     t0 = time.time()
-    checks = graph_check(device, smoke, log)
-    log(f"[graph check {time.time() - t0:.0f}s]")
-    rows = gemm_sweep(device, smoke, log, args.reps, args.iters)
-    log(f"[sweep {time.time() - t0:.0f}s]")
-    best = best_configs(rows)
-    layers = layer_bench(device, smoke, log, best, args.reps, args.iters)
-    log(f"[layer {time.time() - t0:.0f}s]")
-    (out_dir / "fp8_decode.json").write_text(json.dumps(
-        dict(graph_check=checks, sweep=rows, layer=layers,
-             best={"|".join(map(str, k)): v for k, v in best.items()}), indent=1, default=str))
-
-    log("\nbest config per GEMM (kernel time under CUDA graphs, median; roofline = bytes / 4.27 TB/s)")
-    log(f"{'model':16s} {'gemm':7s} {'tok':>4s} {'us':>8s} {'floor':>8s} {'roof':>6s}  config")
-    for (m, g, t), r in sorted(best.items()):
-        c = r["config"]
-        swap = " swapAB" if c.get("SWAP_AB") else ""
-        desc = (f"{c['ALGO']} BM{c.get('BLOCK_SIZE_M', '-')} BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} "
-                f"S{c['SPLIT_K']} w{c['num_warps']} st{c['num_stages']}{swap}")
-        log(f"{m:16s} {g:7s} {t:4d} {r['us']:8.2f} {r['roofline_us']:8.2f} {r['frac']:6.1%}  {desc}")
-    log("\nwhole layer: skip (-1 ids) vs clamped (slot 0, weight 0)")
-    log(f"{'model':16s} {'tok':>4s} {'act':>4s} {'skip us':>9s} {'clamp us':>9s} {'speedup':>8s}")
-    for r in layers:
-        log(f"{r['model']:16s} {r['tokens']:4d} {r['active']:2d}/8 {r['skip_us']:9.2f} "
-            f"{r['clamped_us']:9.2f} {r['speedup']:7.2f}x")
-    failed = [c for c in checks if not c["ok"]]
-    log(f"graph replay check: {len(checks) - len(failed)}/{len(checks)} ok")
-    logf.close()
+    gemm_rows, layer_rows, checks = run(b, args)
+    b.log(f"[done in {time.time() - t0:.0f}s; skipped: {b.skipped or 'nothing'}]")
+    (b.out / "fp8_decode.json").write_text(json.dumps(
+        dict(gemm=gemm_rows, layer=layer_rows, checks=checks, skipped=b.skipped), indent=1, default=str))
+    b.log("\nper GEMM (us, % of roofline): old = session 1's best, new = fastest variant of this run")
+    b.log(f"{'tok':>3s} {'gemm':7s} {'floor':>6s} {'old us':>7s} {'old%':>5s} {'new us':>7s} {'new%':>5s}  "
+          "new config")
+    for t in sorted({r["tokens"] for r in gemm_rows}):
+        for g in F.GEMMS:
+            rows = [r for r in gemm_rows if r["tokens"] == t and r["gemm"] == g and "us" in r]
+            old = next((r for r in rows if r["kind"] == "old"), None)
+            new = min((r for r in rows if r["kind"] == "new"), key=lambda r: r["us"], default=None)
+            if old and new:
+                b.log(f"{t:3d} {g:7s} {old['floor_us']:6.2f} {old['us']:7.2f} {old['roofline']:5.0%} "
+                      f"{new['us']:7.2f} {new['roofline']:5.0%}  {new['config']}")
+    b.log("\nwhole layer (us; skip / clamped at 8/8, 2/8, 0/8 active; x = clamped / skip)")
+    b.log(f"{'tok':>3s} {'variant':15s} {'8/8':>7s} {'roof':>5s} {'x 8/8':>6s} {'x 2/8':>6s} {'x 0/8':>6s} "
+          f"{'skip0':>6s}")
+    for r in layer_rows:
+        if "skip_8" not in r:
+            continue
+        xs = [f"{r[f'clamped_{a}'] / r[f'skip_{a}']:6.2f}" if f"clamped_{a}" in r else f"{'-':>6s}"
+              for a in (8, 2, 0)]
+        s0 = f"{r['skip_0']:6.2f}" if "skip_0" in r else f"{'-':>6s}"
+        b.log(f"{r['tokens']:3d} {r['variant']:15s} {r['skip_8']:7.2f} {r['floor_us'] / r['skip_8']:5.0%} "
+              f"{' '.join(xs)} {s0}")
+    failed = [c for c in checks if not c["ok"]] + [r for r in layer_rows if "status" in r]
+    b.log(f"layer checks (graph replays, poisoned buffers): {len(checks)} ok of {len(checks)}; "
+          f"layer variants failed: {len(failed)}")
+    b.logf.close()
     return 1 if failed else 0
 
 
