@@ -16,6 +16,12 @@ tuner picks per route density:
   programs write the zero rows of inactive routes. SWAP_AB puts the weights on the MMA's
   wide side (measured on the H200: a tie).
 
+Two switches, also config keys: ``A_FP8`` runs either algorithm on fp8 tensor cores with the
+activations split in-kernel into two e4m3 terms per 128-K chunk (the weights are never converted
+on the CUDA cores; with A_FP8 "route" is a one-route tl.dot block). ``FUSE`` (route, SPLIT_K 1, a
+layer option) fuses the activation into the gate/up GEMM or the top_k sum into the down GEMM,
+each one launch, one graph node and one fp32 buffer round trip less.
+
 Inactive routes (``topk_ids == -1``, computed elsewhere, e.g. on the CPU) cost nothing: a
 route program writes zeros to its output tile and returns before reading activations,
 weights, scales or routing weights; the tl.dot paths never place them in a block. The
