@@ -9,15 +9,19 @@ again before its next task, so one bad candidate never stops a sweep.
 :class:`Runner` uses two pools: ``jobs`` compile workers that run each candidate
 once on the real problem so Triton's on-disk cache (shared across processes)
 holds its binary, and one measuring worker per GPU that checks accuracy and times
-each candidate while nothing else runs on the GPU. A candidate that fails to
-compile, crashes or hangs in the compile stage is final: it is not run again (unless
-the failure came before the config ran, such as no memory for the inputs).
+each candidate. Compiling overlaps measuring: a candidate is measured as soon as
+its compile is done, and the compile workers go on with the next batch meanwhile
+(their one run per config is short next to a candidate's many timed runs, whose
+median is kept). A candidate that fails to compile, crashes or hangs in the
+compile stage is final: it is not run again (unless the failure came before the
+config ran, such as no memory for the inputs).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import math
 import multiprocessing as mp
 import os
 import shutil
@@ -167,10 +171,15 @@ class WorkerHandle:
 
 
 class WorkerPool:
-    """Worker processes sharing a queue of tasks; results come back as they finish."""
+    """Worker processes sharing a queue of tasks; results come back as they finish.
+
+    :meth:`run` drives the pool to completion; :meth:`add`, :meth:`pump`, :meth:`waitables` and
+    :meth:`harvest` let a caller drive two pools from one loop (compile ahead while measuring).
+    """
 
     def __init__(self, size: int, prefix: str, device_index: int | None, log_dir: Path):
         self.handles = [WorkerHandle(f"{prefix}{i}", device_index, log_dir) for i in range(size)]
+        self.queue: collections.deque = collections.deque()  # (key, task, timeout, admit)
 
     def start(self) -> dict[str, Any]:
         for h in self.handles:
@@ -178,27 +187,49 @@ class WorkerPool:
                 h.launch()
         return [h.wait_ready() for h in self.handles][0]
 
+    def add(self, tasks: Iterable[tuple[Any, dict[str, Any]]], timeout: float,
+            admit: Callable[[Any], bool] | None = None, front: bool = False) -> None:
+        items = [(key, task, timeout, admit) for key, task in tasks]
+        if front:
+            self.queue.extendleft(reversed(items))
+        else:
+            self.queue.extend(items)
+
+    def pump(self) -> None:
+        """Start queued tasks on idle workers; ``admit(key)`` is asked just before a task starts."""
+        for h in self.handles:
+            while not h.busy and self.queue:
+                key, task, timeout, admit = self.queue.popleft()
+                if admit is None or admit(key):
+                    h.submit(key, task, timeout)
+
+    @property
+    def busy(self) -> bool:
+        return any(h.busy for h in self.handles)
+
+    def waitables(self) -> list[Any]:
+        return [w for h in self.handles for w in h.waitables()]
+
+    def next_deadline(self) -> float:
+        return min((h.deadline for h in self.handles if h.busy), default=math.inf)
+
+    def harvest(self) -> list[tuple[Any, dict[str, Any]]]:
+        """(key, result) of every task that finished (or died, or timed out) by now."""
+        return [done for h in self.handles if h.busy and (done := h.collect()) is not None]
+
     def run(self, tasks: Iterable[tuple[Any, dict[str, Any]]], timeout: float,
             admit: Callable[[Any], bool] | None = None) -> Iterator[tuple[Any, dict[str, Any]]]:
         """Yield (key, result) for each task; ``admit(key)`` is asked just before a task starts."""
-        queue = collections.deque(tasks)
+        self.add(tasks, timeout, admit)
         while True:
-            for h in self.handles:
-                while not h.busy and queue:
-                    key, task = queue.popleft()
-                    if admit is None or admit(key):
-                        h.submit(key, task, timeout)
-            busy = [h for h in self.handles if h.busy]
-            if not busy:
+            self.pump()
+            if not self.busy:
                 return
-            left = min(h.deadline for h in busy) - time.monotonic()
-            wait([w for h in busy for w in h.waitables()], max(0.0, left) + 0.01)
-            for h in busy:
-                done = h.collect()
-                if done is not None:
-                    yield done
+            wait(self.waitables(), max(0.0, self.next_deadline() - time.monotonic()) + 0.01)
+            yield from self.harvest()
 
     def stop(self) -> None:
+        self.queue.clear()
         for h in self.handles:
             h.stop()
 
@@ -221,8 +252,10 @@ class Runner:
         self.device_index = device_index
         self.device: DeviceInfo | None = None
         self.versions: dict[str, str] = {}
-        self.compile_seconds = 0.0
+        self.compile_seconds = 0.0  # waiting on compiles with nothing to measure
         self.compiled = 0
+        self._compiled: dict[tuple[str, str], dict[str, Any]] = {}  # (problem, config) -> compile result
+        self._compiling: set[tuple[str, str]] = set()
 
     def start(self) -> DeviceInfo:
         hello = self.measurer.start()
@@ -256,42 +289,103 @@ class Runner:
         return {"mode": mode, "kernel": spec.name, "spec_module": type(spec).__module__, "problem": problem,
                 "config": dict(config), "seed": self.seed_for(problem, config, seed), "timing": self.timing}
 
+    def _compile_ahead(self, spec: KernelSpec, problem: Problem, configs: Iterable[Config], seed: int,
+                       front: bool = False) -> None:
+        """Queue compile tasks for the configs not compiled or queued yet (``front``: before the rest)."""
+        if not self.jobs:
+            return
+        if self.compiler is None:
+            self.compiler = WorkerPool(self.jobs, "compile", self.device_index, self.log_dir)
+            self.compiler.start()
+        lock = str(self.log_dir / "inputs.lock")
+        where = problem.describe()
+        tasks = []
+        for c in configs:
+            key = (where, canonical_json(c))
+            if key not in self._compiled and key not in self._compiling:
+                self._compiling.add(key)
+                tasks.append((key, {**self._task("compile", spec, problem, c, seed), "lock": lock}))
+        self.compiler.add(tasks, 2 * self.timeout, front=front)
+
+    def _harvest_compiles(self) -> None:
+        if self.compiler is not None:
+            for key, res in self.compiler.harvest():
+                self._compiling.discard(key)
+                self._compiled[key] = res
+                self.compiled += 1
+
+    def _wait(self) -> None:
+        pools = [p for p in (self.measurer, self.compiler) if p is not None]
+        deadline = min(p.next_deadline() for p in pools)
+        ws = [w for p in pools for w in p.waitables()]
+        if ws:
+            wait(ws, min(1.0, max(0.0, deadline - time.monotonic()) + 0.01))
+
     def compile(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config],
                 seed: int = 0) -> dict[str, dict[str, Any]]:
         """Compile stage on ``jobs`` processes: config key -> result (status ok when it compiled)."""
         if not self.jobs:
             return {}
-        if self.compiler is None:
-            self.compiler = WorkerPool(self.jobs, "compile", self.device_index, self.log_dir)
-            self.compiler.start()
         t0 = time.monotonic()
-        lock = str(self.log_dir / "inputs.lock")
-        tasks = [(canonical_json(c), {**self._task("compile", spec, problem, c, seed), "lock": lock})
-                 for c in configs]
-        out = dict(self.compiler.run(tasks, 2 * self.timeout))
+        self._compile_ahead(spec, problem, configs, seed, front=True)
+        keys = [(problem.describe(), canonical_json(c)) for c in configs]
+        while any(k not in self._compiled for k in keys):
+            self.compiler.pump()
+            self._wait()
+            self._harvest_compiles()
         self.compile_seconds += time.monotonic() - t0
-        self.compiled += len(tasks)
-        return out
+        return {k[1]: self._compiled[k] for k in keys}
 
     def measure(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config], seed: int = 0,
-                admit: Callable[[Config], bool] | None = None) -> Iterator[tuple[Config, dict[str, Any]]]:
+                admit: Callable[[Config], bool] | None = None,
+                ahead: Sequence[Config] = ()) -> Iterator[tuple[Config, dict[str, Any]]]:
         """Yield (config, result) per candidate as each finishes; ``admit`` may skip one just before
-        it runs (another sweep on the same store measured it meanwhile)."""
+        it runs (another sweep on the same store measured it meanwhile).
+
+        Each candidate is measured as soon as its compile is done, while the compile workers go on
+        with the rest and then with ``ahead`` (the next batch), so compiling overlaps measuring.
+        """
         if self.device is None:
             self.start()
         by_key = {canonical_json(c): dict(c) for c in configs}
-        compiled = self.compile(spec, problem, list(by_key.values()), seed)
-        todo = []
-        for key, config in by_key.items():
-            res = compiled.get(key)
-            # Final unless the compile worker failed before running the config (e.g. out of memory
-            # making inputs): that says nothing about the config, so it is measured as usual.
-            if res is not None and res["status"] != "ok" and res.get("stage", "run") == "run":
-                if admit is None or admit(config):
-                    res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
-                    yield config, res
-            else:
-                todo.append((key, self._task("measure", spec, problem, config, seed)))
-        check = None if admit is None else (lambda key: admit(by_key[key]))
-        for key, res in self.measurer.run(todo, self.timeout, check):
-            yield by_key[key], res
+        where = problem.describe()
+        self._compile_ahead(spec, problem, by_key.values(), seed, front=True)
+        self._compile_ahead(spec, problem, ahead, seed)
+        waiting, left = list(by_key), set(by_key)
+
+        def check(key: str) -> bool:
+            if admit is None or admit(by_key[key]):
+                return True
+            left.discard(key)
+            return False
+
+        while left:
+            still = []
+            for key in waiting:
+                res = self._compiled.get((where, key)) if self.jobs else None
+                if self.jobs and res is None:
+                    still.append(key)
+                # Final unless the compile worker failed before running the config (e.g. out of memory
+                # making inputs): that says nothing about the config, so it is measured as usual.
+                elif res is not None and res["status"] != "ok" and res.get("stage", "run") == "run":
+                    if check(key):
+                        left.discard(key)
+                        yield by_key[key], {**res, "reason": f"while compiling: {res.get('reason') or ''}"
+                                            .strip()}
+                else:
+                    self.measurer.add([(key, self._task("measure", spec, problem, by_key[key], seed))],
+                                      self.timeout, check)
+            waiting = still
+            self.measurer.pump()
+            if self.compiler is not None:
+                self.compiler.pump()
+            if not left:
+                break
+            t0 = time.monotonic()
+            self._wait()
+            if not self.measurer.busy:  # the GPU waited for a compile
+                self.compile_seconds += time.monotonic() - t0
+            self._harvest_compiles()
+            for key, res in self.measurer.harvest():
+                left.discard(key)
+                yield by_key[key], res

@@ -21,6 +21,7 @@ from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 from .store import Store
 from .strategies import DEFAULT_STRATEGY, STRATEGIES, Observation, SearchContext, get_strategy
+from .strategies.adaptive import AdaptiveStrategy
 
 BATCH = 64  # candidates proposed (and compiled in parallel) at a time
 REMEASURE = "remeasure"  # strategy tag of the final re-measurement rows
@@ -167,7 +168,8 @@ class Sweep:
         near.sort(key=lambda pt: abs(pt.problem.density - me.problem.density))
         return [pt.best.config for pt in near]
 
-    def _measure(self, pt: Point, configs: Sequence[Config]) -> list[Observation]:
+    def _measure(self, pt: Point, configs: Sequence[Config],
+                 ahead: Sequence[Config] = ()) -> list[Observation]:
         """Measure and store each config, skipping ones another sweep on the same store has
         measured or is measuring (claims expire, so a killed sweep's candidates come back)."""
         key = self._key(pt.problem)
@@ -177,7 +179,7 @@ class Sweep:
             return self.store.claim(key, config, ttl)
 
         out = []
-        for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit):
+        for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit, ahead):
             t0 = time.monotonic()
             row = self._row(pt, config, res)
             self.store.add(row)
@@ -203,13 +205,16 @@ class Sweep:
         strategy = get_strategy(self.strategy)
         strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
                                      hints, self.budget, self.seed))
-        while True:
-            batch = strategy.propose(self.batch)
-            if not batch:
-                break
-            strategy.observe(self._measure(pt, batch))
+        # A strategy that does not learn from results can propose the next batch before this one is
+        # measured, so the compile workers build it meanwhile (proposed configs are never re-proposed).
+        early = not isinstance(strategy, AdaptiveStrategy)
+        batch = strategy.propose(self.batch)
+        while batch:
+            ahead = strategy.propose(self.batch) if early else []
+            strategy.observe(self._measure(pt, batch, ahead))
             if self._out_of_time():
                 return
+            batch = ahead if early else strategy.propose(self.batch)
         self._remeasure(pt, strategy)
 
     def _remeasure(self, pt: Point, strategy: Any) -> None:

@@ -54,10 +54,12 @@ EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "inva
             "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
 
 
-@pytest.mark.parametrize("jobs", [0, 1], ids=["measure-stage", "compile-stage"])
-def test_crash_isolation(tmp_path, jobs):
+@pytest.mark.parametrize("jobs, batch", [(0, 64), (1, 64), (2, 3)],
+                         ids=["measure-stage", "compile-stage", "compile-ahead"])
+def test_crash_isolation(tmp_path, jobs, batch):
+    # batch 3: each batch is measured while the compile workers build the next one
     points, rows = sweep(tmp_path / "r.sqlite", "test.crashy", [2], jobs=jobs, timeout=3.0,
-                         strategy="exhaustive")
+                         strategy="exhaustive", batch=batch)
     records = [{**r, **json.loads(r["config"])} for r in rows.to_dict("records")]
     got = {r["mode"]: r for r in records if r["v"] == 0}
     assert {m: r["status"] for m, r in got.items()} == EXPECTED
