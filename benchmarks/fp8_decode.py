@@ -250,10 +250,15 @@ def run(b: Bench, args):
                 b.log(f"t={tokens:3d} {gemm:7s} {kind:3s} {row['config']:44s} "
                       + (f"{row['us']:8.2f} us {row['roofline']:6.1%}  err {row['err']:.1e}" if "us" in row
                          else row.get("status", "")))
-        if not b.smoke:  # the grouped path's routing step, paid once per layer
-            us = b.time_graph(lambda i, sets=sets: F.align_routes(sets[i][0], E, 16))
-            b.log(f"t={tokens:3d} align_routes BM16: {us:.2f} us")
-            gemm_rows.append(dict(tokens=tokens, gemm="align_routes", kind="old", config="BM16", us=us))
+        for method in F.ALIGN_METHODS:  # the grouped path's routing step, paid once per layer
+            pairs = [(F.align_routes(ids, E, 16, "onehot"), F.align_routes(ids, E, 16, method))
+                     for ids, _ in sets]
+            same = all(torch.equal(p, q) for one, other in pairs for p, q in zip(one, other, strict=True))
+            us = b.time_graph(lambda i, sets=sets, method=method: F.align_routes(sets[i][0], E, 16, method))
+            b.log(f"t={tokens:3d} align_routes BM16 {method}: {us:.2f} us  same as onehot: {same}")
+            kind = "old" if method == "onehot" else "new"
+            gemm_rows.append(dict(tokens=tokens, gemm="align_routes", kind=kind, config=f"BM16 {method}",
+                                  us=us, same=same))
         # ---- (c) the whole layer ----
         variants = layer_variants(tokens, best if len(best) == 2 else None, *dims["gate_up"], *dims["down"],
                                   shrink)
@@ -386,6 +391,9 @@ def main():
         s0 = f"{r['skip_0']:6.2f}" if "skip_0" in r else f"{'-':>6s}"
         b.log(f"{r['tokens']:3d} {r['variant']:15s} {r['skip_8']:7.2f} {r['floor_us'] / r['skip_8']:5.0%} "
               f"{' '.join(xs)} {s0}")
+    for r in gemm_rows:
+        if r["gemm"] == "align_routes":
+            b.log(f"routing step t={r['tokens']:3d} {r['config']:12s} {r['us']:7.2f} us  same: {r['same']}")
     failed = [c for c in checks if not c["ok"]] + [r for r in layer_rows if "status" in r]
     b.log(f"layer checks (graph replays, poisoned buffers): {len(checks)} ok of {len(checks)}; "
           f"layer variants failed: {len(failed)}")

@@ -6,6 +6,7 @@ import torch
 from test_fp8_decode import TOL, make_layer, poison_unused, rel_err
 
 from moetune.kernels import fp8_decode as F
+from moetune.routing import make_routes
 
 A8_ROUTE = {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "A_FP8": 1}
 A8_GROUPED = {"ALGO": "grouped", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "A_FP8": 1}
@@ -86,3 +87,15 @@ def test_bad_variant_options(cfg, msg):
     args = make_layer(M=1, H=256, I=128, E=2, top_k=1, seed=15)
     with pytest.raises(ValueError, match=msg):
         F.fp8_decode_moe(*args, config={"gate_up": cfg})
+
+
+@pytest.mark.parametrize("tokens,E,block_m,active", [(3, 6, 16, 0.5), (20, 2, 16, 1.0), (16, 256, 16, 0.75),
+                                                     (7, 9, 32, 0.0)])
+def test_sort_routing_step_equals_onehot(tokens, E, block_m, active):
+    gen = torch.Generator().manual_seed(E)
+    ids, _ = make_routes(tokens, min(8, E), E, active_fraction=active, generator=gen)
+    onehot = F.align_routes(ids, E, block_m, "onehot")
+    by_sort = F.align_routes(ids, E, block_m, "sort")
+    assert torch.equal(onehot[0], by_sort[0]) and torch.equal(onehot[1], by_sort[1])
+    with pytest.raises(ValueError, match="method"):
+        F.align_routes(ids, E, block_m, "radix")
