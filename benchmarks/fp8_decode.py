@@ -10,8 +10,8 @@ top_k 8) at 1/4/16/64 tokens, everything under CUDA graphs:
     fp32 outputs, over 4.27 TB/s copy bandwidth).
 (c) the whole layer (routing step, gate/up, activation, down, top_k sum): old vs this run's best GEMMs
     vs FUSE variants (activation in gate/up, top_k sum in down: fewer graph nodes), checked first;
-    then skip (ids -1) vs clamped (ids -1 -> slot 0, weight 0) at 8/8, 2/8, 0/8 active for old and the
-    fastest new layer.
+    then skip (ids -1) vs clamped (ids -1 -> slot 0, weight 0) at 8/8, 2/8, 0/8 active for old, the
+    fastest new layer and fused-1 (2 graph nodes).
 
 Each timed graph holds --reps launches with their own routing (no L2 reuse between launches); median
 of --iters replays, divided by --reps. Tokens run in order 1, 4, 16, 64, each complete before the next;
@@ -281,7 +281,7 @@ def run(b: Bench, args):
             b.log(f"t={tokens:3d} layer {vname:15s} {msg}  {res['config']}")
         timed = {k: v for k, v in results.items() if "skip_8" in v and k != "old"}
         fastest = min(timed, key=lambda k: (timed[k]["skip_8"], k) if not b.smoke else (0, k), default=None)
-        for vname in ("old", fastest):
+        for vname in dict.fromkeys(("old", fastest, "fused-1")):  # fused-1: the fewest graph nodes
             if vname is None or vname not in results or "skip_8" not in results[vname]:
                 continue
             if not b.time_left(f"t={tokens} skip vs clamped {vname}", need=4.0):
