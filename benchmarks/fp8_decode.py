@@ -251,10 +251,13 @@ def run(b: Bench, args):
                       + (f"{row['us']:8.2f} us {row['roofline']:6.1%}  err {row['err']:.1e}" if "us" in row
                          else row.get("status", "")))
         for method in F.ALIGN_METHODS:  # the grouped path's routing step, paid once per layer
-            pairs = [(F.align_routes(ids, E, 16, "onehot"), F.align_routes(ids, E, 16, method))
-                     for ids, _ in sets]
-            same = all(torch.equal(p, q) for one, other in pairs for p, q in zip(one, other, strict=True))
-            us = b.time_graph(lambda i, sets=sets, method=method: F.align_routes(sets[i][0], E, 16, method))
+            try:
+                pairs = [(F.align_routes(ids, E, 16, "onehot"), F.align_routes(ids, E, 16, method))
+                         for ids, _ in sets]
+                same = all(torch.equal(p, q) for one, other in pairs for p, q in zip(one, other, strict=True))
+                us = b.time_graph(lambda i, sets=sets, m=method: F.align_routes(sets[i][0], E, 16, m))
+            except Exception as e:
+                same, us = f"error {type(e).__name__}: {str(e).splitlines()[0][:160]}", float("nan")
             b.log(f"t={tokens:3d} align_routes BM16 {method}: {us:.2f} us  same as onehot: {same}")
             kind = "old" if method == "onehot" else "new"
             gemm_rows.append(dict(tokens=tokens, gemm="align_routes", kind=kind, config=f"BM16 {method}",
@@ -395,8 +398,11 @@ def main():
         if r["gemm"] == "align_routes":
             b.log(f"routing step t={r['tokens']:3d} {r['config']:12s} {r['us']:7.2f} us  same: {r['same']}")
     failed = [c for c in checks if not c["ok"]] + [r for r in layer_rows if "status" in r]
-    b.log(f"layer checks (graph replays, poisoned buffers): {len(checks)} ok of {len(checks)}; "
-          f"layer variants failed: {len(failed)}")
+    bad_gemms = [f"t={r['tokens']} {r['gemm']} {r['config']}: {r['status']}"
+                 for r in gemm_rows if "status" in r]
+    b.log(f"GEMM variants failed or inaccurate: {len(bad_gemms)}" + "".join(f"\n  {m}" for m in bad_gemms))
+    b.log(f"layer checks (graph replays, poisoned buffers): {sum(c['ok'] for c in checks)} ok of "
+          f"{len(checks)}; layer variants failed: {len(failed)}")
     b.logf.close()
     return 1 if failed else 0
 
