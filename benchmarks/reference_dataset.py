@@ -1,16 +1,22 @@
-"""Reference dataset for strategy replay: exhaustive sweeps of a few points, in priority order, to a deadline.
+"""Reference dataset for strategy replay: exhaustive sweeps of a few points, in priority order, to a budget.
 
 Each job is (model, tp, kernel, tokens or routes[, slice]). Without a slice a point
 is swept exhaustively over its full constrained space (strategy tag "exhaustive").
 With a slice (``KEY=v1|v2;...``) only candidates whose listed parameters take the
 listed values are swept, exhaustively (tag "exhaustive-slice"): a full sub-grid, so
-one-step neighbourhoods stay intact for replay, unlike a random sample. At the
-deadline the sweep stops cleanly; ``points.json`` says, per point, how many
-candidates the (sliced) space has and how many were measured, so partial points
-are never passed off as complete.
+one-step neighbourhoods stay intact for replay, unlike a random sample (a key the
+op does not have, such as A_LAYOUT for fp4_prefill.down, is ignored). At the budget
+the sweep stops cleanly; rerunning resumes (measured candidates are skipped).
+``points.json`` says, per point, how many candidates the (sliced) space has and how
+many were measured, so partial points are never passed off as complete.
 
-    PYTHONPATH=. python benchmarks/reference_dataset.py --db $OUT/reference.sqlite --deadline 280 \\
-        --job "deepseek-v3:8:fp8_decode.gate_up:tokens=1,16"
+``--preset issue7`` is the remaining points of issue 7: fp8_decode gate_up and down,
+DeepSeek-V3 TP=8, 1/16/64 tokens, full spaces; fp4_prefill gate_up and down,
+DeepSeek-V4-Flash TP=2, 1536/6144/24576 routes, on the reference subspace FP4_SLICE
+(the full fp4 spaces are ~22k candidates a point, hours each).
+
+    PYTHONPATH=. python benchmarks/reference_dataset.py --db results/reference/reference.sqlite \\
+        --preset issue7 --budget-s 520 [--gpus all]
 """
 
 from __future__ import annotations
@@ -20,17 +26,23 @@ import json
 import time
 from pathlib import Path
 
+from moetune.parallel import ParallelSweep, make_runner
 from moetune.problems import build_plan
-from moetune.runner import Runner
 from moetune.spec import canonical_json
 from moetune.store import Store
 from moetune.strategies import STRATEGIES
 from moetune.strategies.exhaustive import Exhaustive
 from moetune.sweep import Sweep
 
-
-class Deadline(Exception):
-    pass
+# The fp4 reference subspace: the fastest decode and unpack of the H200 runs (results/fp4_prefill.md) with
+# every tile shape, a fixed group size and 1-2 stages; 144-240 candidates a point instead of ~22k.
+FP4_SLICE = "GROUP_SIZE_M=8;UNPACK=asm;A_LAYOUT=indexed;num_stages=1|2;DECODE=fp8_scaled"
+PRESETS = {"issue7": [
+    "deepseek-v3:8:fp8_decode.gate_up:tokens=1,16,64",
+    "deepseek-v3:8:fp8_decode.down:tokens=1,16,64",
+    f"deepseek-v4-flash:2:fp4_prefill.gate_up:routes=1536,6144,24576:{FP4_SLICE}",
+    f"deepseek-v4-flash:2:fp4_prefill.down:routes=1536,6144,24576:{FP4_SLICE}",
+]}
 
 
 def parse_job(text: str) -> dict:
@@ -52,6 +64,10 @@ def parse_job(text: str) -> dict:
             "slice": sl, "cap": float(cap) if cap else float("inf")}
 
 
+def in_slice(config: dict, sl: dict[str, list]) -> bool:
+    return all(k not in config or config[k] in v for k, v in sl.items())
+
+
 def slice_strategy(sl: dict[str, list]) -> str:
     """Register (for this process) an exhaustive strategy over the slice; returns its name."""
     if not sl:
@@ -61,7 +77,7 @@ def slice_strategy(sl: dict[str, list]) -> str:
         name = "exhaustive-slice"
 
         def start(self, ctx):
-            ctx.candidates = [c for c in ctx.candidates if all(c.get(k) in v for k, v in sl.items())]
+            ctx.candidates = [c for c in ctx.candidates if in_slice(c, sl)]
             super().start(ctx)
 
     STRATEGIES[ExhaustiveSlice.name] = ExhaustiveSlice
@@ -72,6 +88,8 @@ def remeasure(sw: Sweep, pt, k: int, t_end: float) -> int:
     """Time the ``k`` fastest and ``k`` random other ok configs once more (rows tagged "remeasure"):
     the measurement-to-measurement noise that replay's noise model is checked against."""
     rows = sw.store.frame(**sw._key(pt.problem))
+    if (rows["strategy"] == "remeasure").any():  # done on an earlier run
+        return 0
     ok = rows[rows["status"] == "ok"].sort_values("time_ms")
     rest = ok.iloc[k:]
     pick = list(ok["config"].iloc[:k]) + list(rest["config"].sample(min(k, len(rest)), random_state=0))
@@ -87,71 +105,88 @@ def remeasure(sw: Sweep, pt, k: int, t_end: float) -> int:
     return n
 
 
+def entry_for(store: Store, device, problem, pt, job: dict, strategy: str) -> dict:
+    """What points.json says about one point: its (sliced) space and how much of it the store holds."""
+    space = [c for c in pt.candidates if in_slice(c, job["slice"])]
+    done = store.measured_configs(problem.kernel, device.name, problem.shape_key, problem.tokens,
+                                  problem.routes, problem.active_fraction, problem.routing)
+    measured = len({canonical_json(c) for c in space} & done)
+    return {"point": problem.describe(), "kernel": problem.kernel, "tokens": problem.tokens,
+            "routes": problem.routes, "slice": job["slice"], "space": len(space), "pruned": pt.pruned,
+            "strategy": strategy, "measured": measured, "complete": measured == len(space),
+            "best_ms": pt.best.time_ms if pt.best else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True)
-    ap.add_argument("--job", action="append", required=True)
-    ap.add_argument("--deadline", type=float, default=280.0, help="seconds from start; then stop cleanly")
-    ap.add_argument("--jobs", type=int, default=None, help="compile processes (default: every core)")
+    ap.add_argument("--job", action="append", default=[])
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="a named list of jobs (before any --job)")
+    ap.add_argument("--budget-s", "--deadline", dest="budget_s", type=float, default=280.0,
+                    help="seconds from start; then stop cleanly (rerun to resume)")
+    ap.add_argument("--jobs", type=int, default=None, help="compile processes (default: every core but one)")
+    ap.add_argument("--gpus", default=None, help="'all' or indices: measure on several GPUs of this host")
     ap.add_argument("--remeasure", type=int, default=10, help="fastest (and as many random) ok configs "
-                    "timed again per complete point")
+                    "timed again per complete point (one GPU only)")
     ap.add_argument("--out", default=None, help="where points.json goes (default: next to --db)")
     args = ap.parse_args()
-    t_end = time.monotonic() + args.deadline
-    jobs = [parse_job(j) for j in args.job]
+    t_end = time.monotonic() + args.budget_s
+    jobs = [parse_job(j) for j in PRESETS.get(args.preset, []) + args.job]
+    if not jobs:
+        ap.error("give --preset or at least one --job")
+    Path(args.db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(args.db)
-    runner = Runner(timeout=30.0, jobs=args.jobs)
-    report, stopped = [], False
+    runner, driver = make_runner(gpus=args.gpus, timeout=30.0, jobs=args.jobs)
+    report: list[dict] = []
     try:
-        runner.start()
+        device = runner.start()
+        planned = []  # (job, strategy, problem, point)
         for job in jobs:
             try:
                 plan = build_plan([job["kernel"]], model=job["model"], tp=job["tp"],
                                   tokens=job.get("tokens", []), routes=job.get("routes", []),
-                                  active=[1.0] if "tokens" in job else [], device=runner.device)
+                                  active=[1.0] if "tokens" in job else [], device=device)
             except ValueError as e:
                 report.append({"job": job, "error": str(e)})
                 print(f"skipped {job}: {e}", flush=True)
                 continue
             strategy = slice_strategy(job["slice"])
-            job_end = min(t_end, time.monotonic() + job["cap"])
             for problem in plan.problems:
-                sw = Sweep(store, runner, strategy=strategy, seed=0)
-                pt = sw.plan([problem], runner.device)[0]
-                space = [c for c in pt.candidates if all(c.get(k) in v for k, v in job["slice"].items())]
-                entry = {"point": problem.describe(), "kernel": problem.kernel, "tokens": problem.tokens,
-                         "routes": problem.routes, "slice": job["slice"], "space": len(space),
-                         "pruned": pt.pruned, "strategy": strategy}
-                report.append(entry)
-                if stopped or time.monotonic() > job_end:
-                    entry["measured"] = 0
-                    continue
+                planned.append((job, strategy, problem))
+        if driver is ParallelSweep:  # every point of a slice at once, spread over the GPUs
+            groups: dict[str, list] = {}
+            for job, strategy, problem in planned:
+                groups.setdefault(canonical_json(job["slice"]), []).append((job, strategy, problem))
+            for group in groups.values():
+                left = t_end - time.monotonic()
+                if left <= 0:
+                    break
+                strategy = slice_strategy(group[0][0]["slice"])
+                sw = driver(store, runner, strategy=strategy, seed=0, time_limit=left)
                 t0 = time.monotonic()
-
-                def on_event(kind, end=job_end, **data):
-                    if kind == "result" and time.monotonic() > end:
-                        raise Deadline
-
-                sw.on_event = on_event
-                cut = False
-                try:
+                points = sw.run([p for _, _, p in group])
+                for (job, strategy, problem), pt in zip(group, points, strict=True):
+                    e = entry_for(store, device, problem, pt, job, strategy)
+                    e["seconds"] = round(time.monotonic() - t0, 1)
+                    report.append(e)
+                    print(f"{e['point']}: {e['measured']}/{e['space']}, best {e['best_ms']}", flush=True)
+        else:
+            for job, strategy, problem in planned:
+                job_end = min(t_end, time.monotonic() + job["cap"])
+                left = job_end - time.monotonic()
+                sw = Sweep(store, runner, strategy=slice_strategy(job["slice"]), seed=0,
+                           time_limit=max(left, 1e-3))
+                t0 = time.monotonic()
+                pt = sw.plan([problem], device)[0]
+                if left > 0:
                     sw.run()
-                except Deadline:
-                    cut = True
-                    stopped = time.monotonic() > t_end
-                keys = {canonical_json(c) for c in space}
-                done = store.measured_configs(problem.kernel, runner.device.name, problem.shape_key,
-                                              problem.tokens, problem.routes, problem.active_fraction,
-                                              problem.routing)
-                entry["measured"] = len(keys & done)
-                entry["complete"] = entry["measured"] == len(space)
-                entry["seconds"] = round(time.monotonic() - t0, 1)
-                best = pt.best
-                entry["best_ms"] = best.time_ms if best else None
-                if not cut and args.remeasure:
-                    entry["remeasured"] = remeasure(sw, pt, args.remeasure, job_end)
-                print(f"{entry['point']}: {entry['measured']}/{entry['space']} in {entry['seconds']} s, "
-                      f"best {entry['best_ms']}", flush=True)
+                e = entry_for(store, device, problem, pt, job, strategy)
+                e["seconds"] = round(time.monotonic() - t0, 1)
+                if left > 0 and e["complete"] and not sw.timed_out and args.remeasure:
+                    e["remeasured"] = remeasure(sw, pt, args.remeasure, job_end)
+                report.append(e)
+                print(f"{e['point']}: {e['measured']}/{e['space']} in {e['seconds']} s, best {e['best_ms']}",
+                      flush=True)
     finally:
         runner.close()
         store.close()
@@ -160,7 +195,7 @@ def main() -> None:
     print(f"{'point':80s} {'measured':>9s} {'space':>6s} {'s':>6s}")
     for e in report:
         if "point" in e:
-            print(f"{e['point'][:80]:80s} {e.get('measured', 0):9d} {e['space']:6d} {e.get('seconds', 0):6}")
+            print(f"{e['point'][:80]:80s} {e['measured']:9d} {e['space']:6d} {e.get('seconds', 0):6}")
 
 
 if __name__ == "__main__":

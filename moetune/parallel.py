@@ -370,7 +370,10 @@ class ParallelSweep(Sweep):
                 s.strategy.observe([obs])
                 s.idle = False
         if "kernel_ms" in res and "parent_ms" in res:
-            self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
+            store_ms = (time.monotonic() - t0) * 1e3
+            self.overhead_ms.append(res["parent_ms"] + store_ms - res["kernel_ms"])
+            self.phases_ms.append({**res.get("phases_ms", {}), "store": store_ms, "kernel": res["kernel_ms"],
+                                   "worker": res.get("wall_ms", 0.0), "parent": res["parent_ms"]})
         self.on_event("result", point=pt, row=row, obs=obs, worker=worker)
 
 

@@ -261,8 +261,8 @@ class Runner:
         hello = self.measurer.start()
         self.device = DeviceInfo(**hello["device"])
         self.versions = hello["versions"]
-        if self.jobs is None:  # compile on every core on a GPU; the interpreter has nothing to compile
-            self.jobs = (os.cpu_count() or 1) if self.device.is_gpu else 0
+        if self.jobs is None:  # a GPU: compile on every core but the measurer's (they overlap now);
+            self.jobs = max(1, (os.cpu_count() or 1) - 1) if self.device.is_gpu else 0  # interpreter: none
         return self.device
 
     def __enter__(self) -> Runner:
@@ -285,9 +285,10 @@ class Runner:
         return zlib.crc32(f"{seed}|{problem.describe()}|{canonical_json(config)}".encode()) & 0x7FFFFFFF
 
     def _task(self, mode: str, spec: KernelSpec, problem: Problem, config: Config,
-              seed: int) -> dict[str, Any]:
+              seed: int, best_ms: float | None = None) -> dict[str, Any]:
         return {"mode": mode, "kernel": spec.name, "spec_module": type(spec).__module__, "problem": problem,
-                "config": dict(config), "seed": self.seed_for(problem, config, seed), "timing": self.timing}
+                "config": dict(config), "seed": self.seed_for(problem, config, seed), "timing": self.timing,
+                "best_ms": best_ms}
 
     def _compile_ahead(self, spec: KernelSpec, problem: Problem, configs: Iterable[Config], seed: int,
                        front: bool = False) -> None:
@@ -299,6 +300,10 @@ class Runner:
             self.compiler.start()
         lock = str(self.log_dir / "inputs.lock")
         where = problem.describe()
+        stale = [item for item in self.compiler.queue if item[0][0] != where]
+        if stale:  # another problem's compiles not started yet (its sweep moved on): drop them
+            self.compiler.queue = collections.deque(i for i in self.compiler.queue if i[0][0] == where)
+            self._compiling.difference_update(item[0] for item in stale)
         tasks = []
         for c in configs:
             key = (where, canonical_json(c))
@@ -338,9 +343,11 @@ class Runner:
 
     def measure(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config], seed: int = 0,
                 admit: Callable[[Config], bool] | None = None,
-                ahead: Sequence[Config] = ()) -> Iterator[tuple[Config, dict[str, Any]]]:
+                ahead: Sequence[Config] = (), best_ms: float | None = None
+                ) -> Iterator[tuple[Config, dict[str, Any]]]:
         """Yield (config, result) per candidate as each finishes; ``admit`` may skip one just before
-        it runs (another sweep on the same store measured it meanwhile).
+        it runs (another sweep on the same store measured it meanwhile). ``best_ms``: the point's best
+        time so far; candidates far slower get fewer timed runs (:class:`~moetune.timing.TimingOptions`).
 
         Each candidate is measured as soon as its compile is done, while the compile workers go on
         with the rest and then with ``ahead`` (the next batch), so compiling overlaps measuring.
@@ -373,7 +380,8 @@ class Runner:
                         yield by_key[key], {**res, "reason": f"while compiling: {res.get('reason') or ''}"
                                             .strip()}
                 else:
-                    self.measurer.add([(key, self._task("measure", spec, problem, by_key[key], seed))],
+                    self.measurer.add([(key, self._task("measure", spec, problem, by_key[key], seed,
+                                                           best_ms))],
                                       self.timeout, check)
             waiting = still
             self.measurer.pump()
@@ -387,5 +395,6 @@ class Runner:
                 self.compile_seconds += time.monotonic() - t0
             self._harvest_compiles()
             for key, res in self.measurer.harvest():
-                left.discard(key)
-                yield by_key[key], res
+                if key in left:  # not a leftover of an earlier call its caller stopped reading
+                    left.discard(key)
+                    yield by_key[key], res

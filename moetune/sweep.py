@@ -103,6 +103,9 @@ class Sweep:
         self.points: list[Point] = []
         self._deadline: float | None = None
         self.overhead_ms: list[float] = []  # per measured candidate: wall time beyond its timed runs
+        # per timed candidate, ms: inputs, reference, check, timing (kernel runs included), kernel, store,
+        # worker (its whole task) and parent (submit to result, pipe and scheduling included)
+        self.phases_ms: list[dict[str, float]] = []
 
     # ---- store access ------------------------------------------------------------------------------------
     def _key(self, p: Problem) -> dict[str, Any]:
@@ -179,7 +182,8 @@ class Sweep:
             return self.store.claim(key, config, ttl)
 
         out = []
-        for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit, ahead):
+        best = pt.best.time_ms if pt.best else None
+        for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit, ahead, best):
             t0 = time.monotonic()
             row = self._row(pt, config, res)
             self.store.add(row)
@@ -189,7 +193,11 @@ class Sweep:
             pt.note(obs)
             out.append(obs)
             if "kernel_ms" in res and "parent_ms" in res:
-                self.overhead_ms.append(res["parent_ms"] + (time.monotonic() - t0) * 1e3 - res["kernel_ms"])
+                store_ms = (time.monotonic() - t0) * 1e3
+                self.overhead_ms.append(res["parent_ms"] + store_ms - res["kernel_ms"])
+                self.phases_ms.append({**res.get("phases_ms", {}), "store": store_ms,
+                                       "kernel": res["kernel_ms"], "worker": res.get("wall_ms", 0.0),
+                                       "parent": res["parent_ms"]})
             self.on_event("result", point=pt, row=row, obs=obs)
             if self._out_of_time():
                 break

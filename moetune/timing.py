@@ -31,6 +31,9 @@ class TimingOptions:
     warmup: int = 2
     graph_runs: int = 10  # runs captured per CUDA graph; a sample is one replay / graph_runs
     wall_runs: int = 1  # interpreter: samples taken with the wall clock
+    # A candidate whose first samples are this many times the point's best so far gets min_runs only:
+    # it will not win, its accuracy is still checked, and n_runs records how many runs it had.
+    slow_ratio: float = 1.5
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
@@ -55,7 +58,11 @@ def roofline_frac(device_name: str, nbytes: int | None, flops: int | None, time_
     return floor_s / (time_ms * 1e-3)
 
 
-def _runs_for(est_ms: float, opts: TimingOptions) -> int:
+def _runs_for(est_ms: float, opts: TimingOptions, best_ms: float | None = None, per: int = 1) -> int:
+    """Samples to take for a sample time of ``est_ms`` (``per`` runs each), ``best_ms`` the best run time
+    at this point so far (None when there is none yet)."""
+    if best_ms and opts.slow_ratio and est_ms / per > opts.slow_ratio * best_ms:
+        return opts.min_runs
     n = int(opts.target_ms / max(est_ms, 1e-4))
     return max(opts.min_runs, min(opts.max_runs, n))
 
@@ -73,7 +80,8 @@ def time_wall(fns: Sequence[Callable[[], None]], opts: TimingOptions) -> Samples
     return out, 1
 
 
-def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes: int) -> Samples:
+def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes: int,
+                best_ms: float | None = None) -> Samples:
     """One run per sample between CUDA events, with L2 flushed (a buffer twice its size written) first."""
     import torch
 
@@ -91,13 +99,14 @@ def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes
         fns[i % len(fns)]()
     est = [sample(i) for i in range(3)]
     torch.cuda.synchronize()
-    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts)
+    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts, best_ms)
     events = [sample(i) for i in range(n)]
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in events], 1
 
 
-def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions) -> Samples:
+def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions,
+               best_ms: float | None = None) -> Samples:
     """Capture ``graph_runs`` runs (cycling the input sets) in one CUDA graph; a sample is one replay's
     time divided by the runs in it. Raises if the op cannot be captured (callers fall back to events)."""
     import torch
@@ -125,7 +134,7 @@ def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions) -> Sample
 
     est = [sample() for _ in range(3)]
     torch.cuda.synchronize()
-    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts)
+    n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts, best_ms, runs)
     events = [sample() for _ in range(n)]
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / runs for s, e in events], runs

@@ -85,33 +85,38 @@ class _Candidate:
         from .timing import TimingOptions, roofline_frac, summarize, time_events, time_graph, time_wall
 
         spec, problem = self.spec, self.problem
+        clock = _Phases(self._sync)
         expected = spec.reference(inputs)
+        clock.lap("reference")
         spec.poison(inputs)
         self._run(inputs)
         err = float(spec.error(inputs.outputs, expected))
         out: dict[str, Any] = {"error": err, "bytes": int(spec.bytes_moved(problem, inputs)),
-                               "flops": int(spec.flops(problem, inputs))}
+                               "flops": int(spec.flops(problem, inputs)), "phases_ms": clock.ms}
+        clock.lap("check")
         if not spec.passes(err):
             limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
             return {**out, "status": "inaccurate", "reason": f"error {err:.3g} vs reference ({limit})"}
         opts = TimingOptions(**self.task.get("timing", {}))
         sets = [inputs] + [make_inputs(self, self.task["seed"] + i, i)
                            for i in range(1, self._input_sets(out["bytes"]))]
+        clock.lap("inputs")
         fns = [lambda s=s: spec.run(s, self.config) for s in sets]
-        reason = None
+        reason, best = None, self.task.get("best_ms")
         if not self.device.is_gpu:  # the arch column ("interpreter") marks these times as meaningless
             samples, per = time_wall(fns, opts)
         elif spec.cuda_graph:
             try:
-                samples, per = time_graph(fns, opts)
+                samples, per = time_graph(fns, opts, best)
             except RuntimeError as e:  # not capturable: still time it, and say how
                 if any(m in str(e) for m in _CUDA_MARKERS):
                     raise
-                samples, per = time_events(fns, opts, self.device.l2_bytes)
+                samples, per = time_events(fns, opts, self.device.l2_bytes, best)
                 reason = f"timed without a CUDA graph (capture failed: {describe(e, 120)})"
         else:
-            samples, per = time_events(fns, opts, self.device.l2_bytes)
+            samples, per = time_events(fns, opts, self.device.l2_bytes, best)
         stats = summarize(samples)
+        clock.lap("timing")
         frac = roofline_frac(self.device.name, out["bytes"], out["flops"], stats["time_ms"],
                              getattr(spec, "mma", "bf16")) if self.device.is_gpu else None
         return {**out, **stats, "status": "ok", "reason": reason, "roofline_frac": frac,
@@ -123,6 +128,19 @@ class _Candidate:
         if not self.device.is_gpu or not l2 or nbytes >= 2 * l2:
             return 1
         return min(4, -(-2 * l2 // max(nbytes, 1)))
+
+
+class _Phases:
+    """Milliseconds per phase of a task (synchronized, so GPU work lands in the phase that queued it)."""
+
+    def __init__(self, sync: Any) -> None:
+        self.sync, self.ms, self.t = sync, {}, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        self.sync()
+        now = time.perf_counter()
+        self.ms[name] = self.ms.get(name, 0.0) + (now - self.t) * 1e3
+        self.t = now
 
 
 class _WeightPool:
@@ -213,8 +231,12 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
             inputs = _COMPILE_INPUTS.get(cand, task["seed"], task.get("lock"))
         else:
             inputs = make_inputs(cand, task["seed"])
+            cand._sync()
+        made_ms = (time.perf_counter() - t0) * 1e3
         stage = "run"
         result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
+        if "phases_ms" in result:
+            result["phases_ms"]["inputs"] = result["phases_ms"].get("inputs", 0.0) + made_ms
     except Exception as e:  # noqa: BLE001 - every failure is data here
         status, restart = classify(e, device.is_gpu)
         if stage != "run":

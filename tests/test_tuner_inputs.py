@@ -61,3 +61,19 @@ def test_a_spec_without_make_weights_gets_fresh_inputs(monkeypatch):
     cand.problem = _InputsOnly().problem({"E": 2, "N": 2, "K": 2, "top_k": 1}, 1)
     assert worker.make_inputs(cand, 3).tensors["x"][0] == 3.0
     assert worker.make_inputs(cand, 5).tensors["x"][0] == 5.0
+
+
+def test_a_measurement_reports_its_phases():
+    import crashy_spec  # noqa: F401  (registers test.crashy)
+
+    spec = get_spec("test.crashy")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 2)
+    task = {"mode": "measure", "kernel": spec.name, "spec_module": "crashy_spec", "problem": problem,
+            "config": {"mode": "ok", "v": 0}, "seed": 3, "timing": {}}
+    res = worker.handle(task, device_info())
+    assert res["status"] == "ok", res.get("reason")
+    assert set(res["phases_ms"]) == {"inputs", "reference", "check", "timing"}
+    assert all(v >= 0 for v in res["phases_ms"].values())
+    assert sum(res["phases_ms"].values()) <= res["wall_ms"] + 1e-6
+    bad = worker.handle({**task, "config": {"mode": "wrong", "v": 0}}, device_info())
+    assert bad["status"] == "inaccurate" and "timing" not in bad["phases_ms"]  # checked, never timed

@@ -48,3 +48,15 @@ def test_roofline_frac():
     assert roofline_frac("NVIDIA H200", 0, 1265e9, 1.0, mma="fp8") == pytest.approx(1.0)
     assert roofline_frac("cpu-interpreter", 10, 10, 1.0) is None
     assert roofline_frac("NVIDIA H200", 10, 10, None) is None
+
+
+def test_far_slower_candidates_get_min_runs_only():
+    from moetune.timing import TimingOptions, _runs_for
+
+    opts = TimingOptions(target_ms=10.0, min_runs=10, max_runs=100, slow_ratio=1.5)
+    assert _runs_for(0.2, opts) == 50  # no best yet: as many runs as the target time allows
+    assert _runs_for(0.2, opts, best_ms=0.15) == 50  # within 1.5x of the best: timed in full
+    assert _runs_for(0.4, opts, best_ms=0.15) == 10  # 2.7x slower: min_runs
+    assert _runs_for(0.2, opts, best_ms=0.015, per=10) == 50  # a 10-run graph replay: 0.02 ms a run
+    assert _runs_for(0.2, opts, best_ms=0.015) == 10  # the same sample as one run: far slower
+    assert _runs_for(0.4, TimingOptions(slow_ratio=0.0), best_ms=0.15) == 25  # 0 turns it off
