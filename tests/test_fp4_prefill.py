@@ -41,6 +41,13 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     (_cfg(16, 64, 128, "f16", "asm"), _cfg(16, 64, 64, "fp8_row")),
     (_cfg(64, 32, 64, "fp8_row", "asm"), _cfg(32, 64, 32, "f16")),
     (_cfg(16, 128, 256, "bf16"), _cfg(32, 64, 64, "fp8", "asm", GROUP_SIZE_M=16)),
+    # SWAP_AB (weights on the MMA's left) with every decode, and the f16x2 unpack
+    (_cfg(16, 64, 128, "f16", "asm16", SWAP_AB=1), _cfg(32, 64, 64, "fp8", "asm16", SWAP_AB=1)),
+    (_cfg(32, 128, 64, "fp8_row", "asm16", SWAP_AB=1), _cfg(16, 32, 32, "bf16", "asm16", SWAP_AB=1)),
+    (_cfg(64, 64, 64, "fp8_scaled", SWAP_AB=1), _cfg(16, 64, 128, "f16", "asm", SWAP_AB=1)),
+    # halves: even-k and odd-k codes dotted apart (K tail of 32 in both GEMMs: 160 and 96)
+    (_cfg(16, 64, 128, "fp8", "halves"), _cfg(32, 64, 64, "f16", "halves", SWAP_AB=1)),
+    (_cfg(32, 32, 64, "fp8_row", "halves", SWAP_AB=1), _cfg(16, 128, 256, "bf16", "halves")),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):
     args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)

@@ -75,3 +75,37 @@ def test_spec_run_passes_accuracy_gate_with_poisoned_outputs(op, device):
     # a run that skips rows is caught: the poisoned rows stay NaN
     spec.poison(inputs)
     assert not spec.passes(spec.error(inputs.outputs, ref))
+
+
+def test_smem_estimate_bounds_what_triton_allocates():
+    """Shared bytes Triton allocated for sm_90 (metadata.shared; the first on Triton 3.6, the rest 3.9)."""
+    from moetune.specs.fp4_prefill import normalize_config, smem_bytes
+
+    h200 = DeviceInfo("h200", "sm_90", 132, 232448, 0, True)
+    measured = [  # (DECODE, UNPACK, SWAP_AB, BM, BN, BK, stages, warps, bytes)
+        ("bf16", "join", 0, 256, 128, 256, 1, 8, 393216), ("bf16", "halves", 1, 256, 128, 256, 2, 8, 476160),
+        ("fp8", "asm16", 0, 128, 128, 128, 3, 8, 81920), ("fp8_row", "asm16", 0, 64, 128, 128, 2, 4, 41472),
+        ("f16", "asm16", 0, 32, 128, 64, 2, 4, 22528), ("bf16", "halves", 1, 64, 64, 128, 3, 4, 45568),
+        ("f16", "halves", 1, 128, 128, 128, 3, 8, 82944), ("fp8", "halves", 1, 256, 128, 128, 1, 8, 33792),
+    ]
+    spec = get_spec(OPS[0])
+    prob = spec.problem({"E": 256, "N": 2048, "K": 4096, "top_k": 6}, tokens=4096)
+    for dec, unpack, swap, bm, bn, bk, st, w, allocated in measured:
+        cfg = normalize_config(dict(DECODE=dec, UNPACK=unpack, SWAP_AB=swap, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
+                                    BLOCK_SIZE_K=bk, num_stages=st, num_warps=w))
+        est = smem_bytes(cfg)
+        assert allocated <= est <= max(2 * allocated, 64 * 1024), (cfg, allocated, est)
+        assert (spec.constraint(cfg, prob, h200) is None) == (allocated <= 232448)
+
+
+def test_new_design_switches_validate():
+    spec = get_spec(OPS[1])
+    prob = spec.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, tokens=32)
+    with pytest.raises(ValueError, match="halves"):
+        spec.check_config(dict(spec.default, UNPACK="halves", BLOCK_SIZE_K=32))
+    with pytest.raises(ValueError, match="SWAP_AB"):
+        spec.check_config(dict(spec.default, SWAP_AB=2))
+    assert "fp8_scaled" in spec.constraint(dict(spec.default, DECODE="fp8_scaled", UNPACK="halves"), prob,
+                                           INTERPRETER)
+    assert spec.constraint(dict(spec.default, DECODE="fp8_row", UNPACK="halves", SWAP_AB=1), prob,
+                           INTERPRETER) is None

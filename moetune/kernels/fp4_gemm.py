@@ -12,6 +12,20 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
 - ``asm``: four packed bytes per 32-bit register become the e4m3 bytes
   ``sign << 7 | magnitude << 2`` of both nibbles (exactly ``e2m1 * 2^-6``) in a handful of
   PTX instructions. The CPU interpreter runs the same bit ops as Triton code instead.
+- ``asm16``: four packed bytes become ``join``'s fp16 bits directly as f16x2 pairs (two
+  ``prmt`` byte spreads, then shift/mask per pair: about 2.3 instructions per weight),
+  skipping the int32 widening of ``join`` and the e4m3 -> fp16 conversion of ``asm``.
+  The interpreter runs ``join``'s bit ops.
+- ``halves``: the same f16x2 PTX, but the even-k and odd-k halves are never interleaved:
+  the activation tile is split the same way (``tl.split`` of adjacent pairs) and each half
+  is one dot of K = BLOCK_SIZE_K / 2 into the same accumulator, so no join/reshape
+  shuffles of the decoded weights. Needs BLOCK_SIZE_K >= 64 (fp8 dots need K >= 32).
+
+``SWAP_AB`` computes the transposed tile ``W @ A.T`` (BLOCK_SIZE_N x BLOCK_SIZE_M): the
+decoded weights become the MMA's left operand, which sm_90's wgmma may take straight from
+registers (no shared-memory hand-off of the decoded tile), and the token tile becomes
+wgmma's N, which may be 16 or 32 where the weights-on-the-right form needs M >= 64 for
+wgmma at all. The scale factors and the store follow the transposition.
 
 ``DECODE`` (how the UE8M0 scale per 32 is applied):
 
@@ -45,7 +59,7 @@ import triton.language as tl
 from ..device import interpreter_active
 
 DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3, "fp8_row": 4}
-UNPACKS = {"join": 0, "asm": 1}
+UNPACKS = {"join": 0, "asm": 1, "asm16": 2, "halves": 3}
 
 # Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
 _E2M1_TO_E4M3_ASM = tl.constexpr("""
@@ -62,6 +76,103 @@ and.b32 t1, $2, 0x80808080;
 or.b32 $1, t0, t1;
 }
 """)
+
+
+# Four packed bytes b0..b3 -> fp16 bits of the low nibbles ($0 = b0, b1; $1 = b2, b3) and of the
+# high nibbles ($2, $3): each byte is spread to bits 8..15 of a 16-bit lane by prmt, then
+# high nibble: (t >> 3) & 0x0E00 | t & 0x8000; low nibble: (t << 1) & 0x0E00 | (t << 4) & 0x8000.
+_E2M1_TO_F16_ASM = tl.constexpr("""
+{
+.reg .b32 t, u, v;
+prmt.b32 t, $4, 0, 0x1404;
+shl.b32 u, t, 1;
+shl.b32 v, t, 4;
+and.b32 u, u, 0x0E000E00;
+and.b32 v, v, 0x80008000;
+or.b32 $0, u, v;
+shr.b32 u, t, 3;
+and.b32 u, u, 0x0E000E00;
+and.b32 v, t, 0x80008000;
+or.b32 $2, u, v;
+prmt.b32 t, $4, 0, 0x3424;
+shl.b32 u, t, 1;
+shl.b32 v, t, 4;
+and.b32 u, u, 0x0E000E00;
+and.b32 v, v, 0x80008000;
+or.b32 $1, u, v;
+shr.b32 u, t, 3;
+and.b32 u, u, 0x0E000E00;
+and.b32 v, t, 0x80008000;
+or.b32 $3, u, v;
+}
+""")
+
+
+@triton.jit
+def _f16_codes(packed, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 [ROWS, G * 16] packed codes -> float16 [ROWS, G, 32] = e2m1 * 2^-14 (exact), k order kept."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        w16 = tl.reshape(tl.join(lo, hi), (ROWS, G, 32))
+    else:
+        codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (ROWS, G, 32)).to(tl.int32)
+        w16 = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+    return w16
+
+
+@triton.jit
+def _mm(x, w, acc, SWAP_AB: tl.constexpr):
+    """x [BM, BK] against w [BN, BK] into acc: ``acc + x @ w.T``, or ``acc + w @ x.T`` with SWAP_AB."""
+    if SWAP_AB:
+        out = tl.dot(w, tl.trans(x), acc)
+    else:
+        out = tl.dot(x, tl.trans(w), acc)
+    return out
+
+
+@triton.jit
+def _scaled(w16, fac, ROWS: tl.constexpr, G: tl.constexpr, W: tl.constexpr, DTYPE: tl.constexpr,
+            F32: tl.constexpr):
+    """fp16 weights [ROWS, G * W] times their factor per (row, 32-K group) [ROWS, G], rounded to DTYPE
+    (in fp32 when F32: the bf16 decode's factors leave the fp16 range)."""
+    w = tl.reshape(w16, (ROWS, G, W))
+    if F32:
+        w = w.to(tl.float32)
+    return tl.reshape((w * fac[:, :, None]).to(DTYPE), (ROWS, G * W))
+
+
+@triton.jit
+def _f16_halves(packed, USE_ASM: tl.constexpr):
+    """uint8 [ROWS, C] packed codes -> (even-k, odd-k) float16 [ROWS, C] = e2m1 * 2^-14, not interleaved."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        c = packed.to(tl.int16)
+        lo = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
+        hi = (((c & 0x70) << 5) | ((c & 0x80) << 8)).to(tl.float16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _rows(v, SWAP_AB: tl.constexpr):
+    """A per-M-row vector broadcast over the accumulator (M is its second axis with SWAP_AB)."""
+    if SWAP_AB:
+        out = v[None, :]
+    else:
+        out = v[:, None]
+    return out
+
+
+@triton.jit
+def _cols(v, SWAP_AB: tl.constexpr):
+    """A per-N-column vector broadcast over the accumulator."""
+    if SWAP_AB:
+        out = v[:, None]
+    else:
+        out = v[None, :]
+    return out
 
 
 @triton.jit
@@ -84,7 +195,7 @@ def fp4_moe_gemm_kernel(
     N, K, routes, num_blocks,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
     A_DIV: tl.constexpr, GATHERED: tl.constexpr, DECODE: tl.constexpr, UNPACK: tl.constexpr,
-    USE_ASM: tl.constexpr,
+    USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
@@ -123,11 +234,14 @@ def fp4_moe_gemm_kernel(
                          other=0)
             rmax = tl.maximum(rmax, tl.max(sr.to(tl.int32), axis=1))
 
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_SIZE_K):
         if DECODE == 2:
             xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
-            chunk = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+            chunk = tl.zeros_like(acc)
             for g in tl.static_range(G):
                 kg = k0 + g * 32
                 offs_k = kg + tl.arange(0, 32)
@@ -144,8 +258,8 @@ def fp4_moe_gemm_kernel(
                     s = tl.load(ws_rows + kg // 32, mask=n_ok & (offs_n * 0 + kg < K), other=0).to(tl.int32)
                 b = _e4m3_raw(packed, BLOCK_SIZE_N, 32, USE_ASM)
                 wf = ((s + 6) << 23).to(tl.float32, bitcast=True)  # 2^(s - 121)
-                chunk += tl.dot(a, tl.trans(b)) * wf[None, :]
-            acc += chunk * xs[:, None]
+                chunk += _mm(a, b, tl.zeros_like(acc), SWAP_AB) * _cols(wf, SWAP_AB)
+            acc += chunk * _rows(xs, SWAP_AB)
         else:
             offs_k = k0 + tl.arange(0, BLOCK_SIZE_K)
             offs_g = k0 // 32 + tl.arange(0, G)
@@ -164,12 +278,13 @@ def fp4_moe_gemm_kernel(
                                  other=0)
             # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
             if UNPACK == 1:
-                w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM)
-                w16 = tl.reshape(w16, (BLOCK_SIZE_N, G, 32)).to(tl.float16)
+                w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM).to(tl.float16)
                 W16_EXP: tl.constexpr = -6
+            elif UNPACK == 3:  # even-k and odd-k codes stay apart: [BN, BK / 2] each
+                w16, w16_odd = _f16_halves(packed, USE_ASM)
+                W16_EXP: tl.constexpr = -14
             else:
-                codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_SIZE_N, G, 32)).to(tl.int32)
-                w16 = (((codes & 7) << 9) | ((codes & 8) << 12)).to(tl.int16).to(tl.float16, bitcast=True)
+                w16 = tl.reshape(_f16_codes(packed, BLOCK_SIZE_N, G, USE_ASM), (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 W16_EXP: tl.constexpr = -14
             if DECODE != 0:  # re-based on the chunk's (or row's) largest scale: fp8 or fp16 operands
                 if DECODE == 4:
@@ -178,37 +293,54 @@ def fp4_moe_gemm_kernel(
                     smax = tl.max(s, axis=1)  # [BN]
                 d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
                 fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(1-W16_EXP-d)
-                b = w16 * fac[:, :, None]  # e2m1 * 2^(1 - d), |b| <= 12
                 if DECODE == 3:
-                    a = a.to(tl.float16)  # e4m3 values are exact in fp16
+                    a_op = a.to(tl.float16)  # e4m3 values are exact in fp16
+                    b_dtype: tl.constexpr = tl.float16
                 else:
-                    b = b.to(tl.float8e4nv)
-                b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
-                xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
-                if DECODE == 4:  # the row factor waits for the end of the K loop
-                    acc += tl.dot(a, tl.trans(b)) * xs[:, None]
-                else:
-                    wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
-                    acc += tl.dot(a, tl.trans(b)) * xs[:, None] * wf[None, :]
+                    a_op = a
+                    b_dtype: tl.constexpr = tl.float8e4nv
             else:
                 fac = ((s - W16_EXP) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127 - W16_EXP)
-                b = (w16.to(tl.float32) * fac[:, :, None]).to(tl.bfloat16)
-                b = tl.reshape(b, (BLOCK_SIZE_N, BLOCK_SIZE_K))
                 if BLOCK_SIZE_K <= 128:
-                    xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)[:, None]
+                    xs2 = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)[:, None]
                 else:
-                    xs = tl.load(as_rows[:, None] + offs_k[None, :] // 128,
-                                 mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                a16 = (a.to(tl.float32) * xs).to(tl.bfloat16)
-                if F32_DOT:  # the CPU interpreter's bf16 dot is wrong (Triton 3.9); values are exact in fp32
-                    acc = tl.dot(a16.to(tl.float32), tl.trans(b).to(tl.float32), acc)
+                    xs2 = tl.load(as_rows[:, None] + offs_k[None, :] // 128,
+                                  mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                # The CPU interpreter's bf16 dot is wrong (Triton 3.9); the values are exact in fp32 too.
+                if F32_DOT:
+                    b_dtype: tl.constexpr = tl.float32
                 else:
-                    acc = tl.dot(a16, tl.trans(b), acc)
+                    b_dtype: tl.constexpr = tl.bfloat16
+                a_op = (a.to(tl.float32) * xs2).to(b_dtype)
+            # e2m1 * 2^(1 - d), |b| <= 12 (re-based), or the exact bf16 weight
+            if UNPACK == 3:
+                a_even, a_odd = tl.split(tl.reshape(a_op, (BLOCK_SIZE_M, BLOCK_SIZE_K // 2, 2)))
+                b = _scaled(w16, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
+                b_odd = _scaled(w16_odd, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
+            else:
+                b = _scaled(w16, fac, BLOCK_SIZE_N, G, 32, b_dtype, DECODE == 0)
+            if DECODE == 0:
+                part = acc  # the bf16 weights are exact: one accumulator over all of K
+            else:
+                part = tl.zeros_like(acc)
+            if UNPACK == 3:
+                part = _mm(a_odd, b_odd, _mm(a_even, b, part, SWAP_AB), SWAP_AB)
+            else:
+                part = _mm(a_op, b, part, SWAP_AB)
+            if DECODE == 0:
+                acc = part
+            else:
+                xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
+                if DECODE == 4:  # the row factor waits for the end of the K loop
+                    acc += part * _rows(xs, SWAP_AB)
+                else:
+                    wf = ((smax - 1) << 23).to(tl.float32, bitcast=True)  # 2^(smax - 128)
+                    acc += part * _rows(xs, SWAP_AB) * _cols(wf, SWAP_AB)
 
     if DECODE == 4:
-        acc = acc * ((rmax - 1) << 23).to(tl.float32, bitcast=True)[None, :]  # 2^(rmax - 128)
-    c_ptrs = c_ptr + route.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+        acc = acc * _cols(((rmax - 1) << 23).to(tl.float32, bitcast=True), SWAP_AB)  # 2^(rmax - 128)
+    c_ptrs = c_ptr + _rows(route.to(tl.int64), SWAP_AB) * stride_cm + _cols(offs_n, SWAP_AB)
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=_rows(row_ok, SWAP_AB) & _cols(n_ok, SWAP_AB))
 
 
 def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config) -> None:
@@ -228,7 +360,8 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
         out.stride(0),
         A_DIV=a_div, GATHERED=gathered, DECODE=DECODES[config["DECODE"]], UNPACK=UNPACKS[config["UNPACK"]],
-        USE_ASM=UNPACKS[config["UNPACK"]] == 1 and not interp,  # the interpreter runs the Triton twin
+        USE_ASM=UNPACKS[config["UNPACK"]] != 0 and not interp,  # the interpreter runs the Triton twin
+        SWAP_AB=bool(config.get("SWAP_AB", 0)),
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
         num_warps=config["num_warps"], num_stages=config["num_stages"],

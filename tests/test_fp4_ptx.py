@@ -1,0 +1,70 @@
+"""The inline-PTX E2M1 decodes, executed by a tiny emulator of the PTX integer ops they use.
+
+The interpreter runs the Triton twins of these strings, so without this the PTX itself would be
+checked only on the GPU. Registers follow ``inline_asm_elementwise`` with pack=4: the outputs
+first (two 32-bit registers per 4-element output of 16-bit type, one per 8-bit type), then the
+input register holding bytes b0..b3 (b0 lowest).
+"""
+
+import re
+import struct
+
+from moetune.kernels.fp4_gemm import _E2M1_TO_E4M3_ASM, _E2M1_TO_F16_ASM
+from moetune.quant.mxfp4 import E2M1_VALUES
+
+M32 = 0xFFFFFFFF
+
+
+def _prmt(a: int, b: int, sel: int) -> int:
+    src = (b << 32) | a
+    return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def _run(ptx: str, regs: dict[str, int]) -> dict[str, int]:
+    ops = {"shl.b32": lambda x, y: (x << y) & M32, "shr.b32": lambda x, y: x >> y,
+           "and.b32": lambda x, y: x & y, "or.b32": lambda x, y: x | y}
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        vals = [int(s, 0) if re.fullmatch(r"0x[0-9A-Fa-f]+|\d+", s) else regs[s] for s in src]
+        if op == "prmt.b32":
+            regs[dst] = _prmt(*vals)
+        else:
+            assert op in ops, op
+            regs[dst] = ops[op](*vals)
+    return regs
+
+
+def _f16(bits: int) -> float:
+    return struct.unpack("<e", struct.pack("<H", bits))[0]
+
+
+def _e2m1(code: int) -> float:
+    return (-1.0 if code & 8 else 1.0) * E2M1_VALUES[code & 7]
+
+
+def _e4m3(byte: int) -> float:
+    sign, exp, man = -1.0 if byte & 0x80 else 1.0, (byte >> 3) & 15, byte & 7
+    return sign * (man / 8 * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
+
+
+def test_f16_ptx_decodes_every_byte():
+    """Four bytes per register: $0/$1 = low nibbles of b0,b1 / b2,b3, $2/$3 = high nibbles, f16x2."""
+    for start in range(0, 256, 4):
+        packed = [(start + i * 67) % 256 for i in range(4)]  # every byte value appears in every lane
+        out = _run(_E2M1_TO_F16_ASM.value, {"$4": int.from_bytes(bytes(packed), "little")})
+        lo = [_f16(out[r] >> s & 0xFFFF) for r in ("$0", "$1") for s in (0, 16)]
+        hi = [_f16(out[r] >> s & 0xFFFF) for r in ("$2", "$3") for s in (0, 16)]
+        assert lo == [_e2m1(b & 15) * 2.0 ** -14 for b in packed]
+        assert hi == [_e2m1(b >> 4) * 2.0 ** -14 for b in packed]
+
+
+def test_e4m3_ptx_decodes_every_byte():
+    for start in range(0, 256, 4):
+        packed = [(start + i * 67) % 256 for i in range(4)]
+        out = _run(_E2M1_TO_E4M3_ASM.value, {"$2": int.from_bytes(bytes(packed), "little")})
+        assert [_e4m3(out["$0"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b & 15) / 64 for b in packed]
+        assert [_e4m3(out["$1"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b >> 4) / 64 for b in packed]
