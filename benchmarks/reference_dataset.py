@@ -32,7 +32,7 @@ from moetune.spec import canonical_json
 from moetune.store import Store
 from moetune.strategies import STRATEGIES
 from moetune.strategies.exhaustive import Exhaustive
-from moetune.sweep import Sweep
+from moetune.sweep import Sweep, full_config
 
 # The fp4 reference subspace: the fastest decode and unpack of the H200 runs (results/fp4_prefill.md) with
 # every tile shape, a fixed group size and 1-2 stages; 144-240 candidates a point instead of ~22k.
@@ -110,6 +110,7 @@ def entry_for(store: Store, device, problem, pt, job: dict, strategy: str) -> di
     space = [c for c in pt.candidates if in_slice(c, job["slice"])]
     done = store.measured_configs(problem.kernel, device.name, problem.shape_key, problem.tokens,
                                   problem.routes, problem.active_fraction, problem.routing)
+    done = {canonical_json(full_config(pt.spec, json.loads(c))) for c in done}  # rows from before a new key
     measured = len({canonical_json(c) for c in space} & done)
     return {"point": problem.describe(), "kernel": problem.kernel, "tokens": problem.tokens,
             "routes": problem.routes, "slice": job["slice"], "space": len(space), "pruned": pt.pruned,

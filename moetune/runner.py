@@ -122,8 +122,8 @@ class WorkerHandle:
             self.launch()
         self.wait_ready()
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        self.conn.send(task)
         self.task_key, self.started_at, self.deadline = key, time.monotonic(), time.monotonic() + timeout
+        self.conn.send(task)
 
     def waitables(self) -> list[Any]:
         return [self.conn, self.proc.sentinel] if self.busy else []

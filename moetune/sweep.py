@@ -9,6 +9,7 @@ The library reports progress through an ``on_event`` callback; the CLI draws it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import time
 import uuid
@@ -113,7 +114,11 @@ class Sweep:
                 "routes": p.routes, "active_fraction": p.active_fraction, "routing": p.routing}
 
     def _stored(self, p: Problem) -> list[Observation]:
-        return [Observation.from_row(r) for r in self.store.frame(**self._key(p)).to_dict("records")]
+        """The point's stored rows; configs stored before a key joined the space get its default (what
+        they ran with), so resume recognises them."""
+        spec = get_spec(p.kernel)
+        return [dataclasses.replace(o, config=full_config(spec, o.config)) for o in
+                map(Observation.from_row, self.store.frame(**self._key(p)).to_dict("records"))]
 
     def _row(self, point: Point, config: Config, res: dict[str, Any]) -> dict[str, Any]:
         p, d = point.problem, self.device

@@ -150,3 +150,18 @@ def test_rerun_measures_nothing_new(tmp_path):
         rows = store.frame()
     assert len(rows) == 6 and sum(again[0].counts.values()) == 0 and again[0].already == 6
     assert canonical_json(again[0].best.config) == canonical_json(first[0].best.config)
+
+
+def test_a_key_added_to_the_space_later_keeps_old_rows_measured(tmp_path, monkeypatch):
+    db = tmp_path / "r.sqlite"
+    spec = crashy_spec.STEADY
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), 1)]
+    with Store(db) as store, Runner(timeout=30) as runner:
+        Sweep(store, runner, strategy="exhaustive").run(problems)
+        # the kernel grew a switch whose default is what ran before: old rows count as that default
+        monkeypatch.setattr(spec, "space", {**spec.space, "x": (0,)})
+        monkeypatch.setattr(spec, "default", {**spec.default, "x": 0})
+        again = Sweep(store, runner, strategy="exhaustive").run(problems)
+        rows = store.frame()
+    assert len(rows) == 6 and sum(again[0].counts.values()) == 0
+    assert again[0].baseline is not None and again[0].baseline.config["x"] == 0
