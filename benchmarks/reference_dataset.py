@@ -34,9 +34,10 @@ from moetune.strategies import STRATEGIES
 from moetune.strategies.exhaustive import Exhaustive
 from moetune.sweep import Sweep, full_config
 
-# The fp4 reference subspace: the fastest decode and unpack of the H200 runs (results/fp4_prefill.md) with
-# every tile shape, a fixed group size and 1-2 stages; 144-240 candidates a point instead of ~22k.
-FP4_SLICE = "GROUP_SIZE_M=8;UNPACK=asm;A_LAYOUT=indexed;num_stages=1|2;DECODE=fp8_scaled"
+# The fp4 reference subspace (session 1's, kept so its rows count): the fastest decode and unpack of the
+# H200 runs (results/fp4_prefill.md) with every tile shape, a fixed group size, 1-2 stages and no operand
+# swap; 144-240 candidates a point instead of tens of thousands.
+FP4_SLICE = "GROUP_SIZE_M=8;UNPACK=asm;A_LAYOUT=indexed;num_stages=1|2;DECODE=fp8_scaled;SWAP_AB=0"
 PRESETS = {"issue7": [
     "deepseek-v3:8:fp8_decode.gate_up:tokens=1,16,64",
     "deepseek-v3:8:fp8_decode.down:tokens=1,16,64",
