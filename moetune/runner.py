@@ -6,15 +6,15 @@ process (``crash``, with the signal and the tail of its log) or silence past the
 timeout (``timeout``, the process is killed). A dead or killed worker is started
 again before its next task, so one bad candidate never stops a sweep.
 
-:class:`Runner` uses two pools: ``jobs`` compile workers that run each candidate
-once on the real problem so Triton's on-disk cache (shared across processes)
-holds its binary, and one measuring worker per GPU that checks accuracy and times
-each candidate. Compiling overlaps measuring: a candidate is measured as soon as
-its compile is done, and the compile workers go on with the next batch meanwhile
-(their one run per config is short next to a candidate's many timed runs, whose
-median is kept). A candidate that fails to compile, crashes or hangs in the
-compile stage is final: it is not run again (unless the failure came before the
-config ran, such as no memory for the inputs).
+:class:`Runner` uses two pools: ``jobs`` compile workers that take each candidate
+through its launcher once on the real problem with every Triton launch turned into
+a warm-up (compiled and cached on disk, shared across processes, but not run, so
+nothing of theirs lands on the GPU during a timed run), and one measuring worker
+per GPU that checks accuracy and times each candidate. Compiling overlaps
+measuring: a candidate is measured as soon as its compile is done, and the compile
+workers go on with the next batch meanwhile. A candidate that fails to compile,
+crashes or hangs in the compile stage is final: it is not run again (unless the
+failure came before the config ran, such as no memory for the inputs).
 """
 
 from __future__ import annotations

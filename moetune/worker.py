@@ -77,8 +77,11 @@ class _Candidate:
         self._sync()
 
     def compile(self, inputs: Any) -> dict[str, Any]:
-        """Run once on the real problem so Triton compiles (and caches) this config's binary."""
-        self._run(inputs)
+        """Go through the launcher once on the real problem so Triton compiles (and caches) this config's
+        binaries, with every launch turned into a warm-up: compile workers share the GPU with the
+        measuring worker, and a kernel of theirs running during a timed replay would skew it."""
+        with compile_only():
+            self._run(inputs)
         return {"status": "ok"}
 
     def measure(self, inputs: Any) -> dict[str, Any]:
@@ -195,6 +198,24 @@ class _CompileInputs:
             cand._sync()
             self.key = key
         return self.inputs
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[None]:
+    """Triton kernels launched inside only compile (``warmup=True``: binary built and cached, nothing
+    runs). Torch ops still run. Under the interpreter kernels are not JIT functions and run as usual."""
+    from triton.runtime.jit import JITFunction
+
+    launch = JITFunction.run
+
+    def warm(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+
+    JITFunction.run = warm
+    try:
+        yield
+    finally:
+        JITFunction.run = launch
 
 
 @contextlib.contextmanager

@@ -60,3 +60,18 @@ def test_far_slower_candidates_get_min_runs_only():
     assert _runs_for(0.2, opts, best_ms=0.015, per=10) == 50  # a 10-run graph replay: 0.02 ms a run
     assert _runs_for(0.2, opts, best_ms=0.015) == 10  # the same sample as one run: far slower
     assert _runs_for(0.4, TimingOptions(slow_ratio=0.0), best_ms=0.15) == 25  # 0 turns it off
+
+
+def test_compile_only_turns_launches_into_warmups(monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from moetune.worker import compile_only
+
+    seen = []
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: seen.append(warmup))
+    patched = JITFunction.run
+    with compile_only():
+        JITFunction.run(object(), 1, grid=(1,), warmup=False)
+    JITFunction.run(object(), 1, grid=(1,), warmup=False)
+    assert seen == [True, False]  # inside: compile only; after: launches again
+    assert JITFunction.run is patched
