@@ -87,6 +87,8 @@ def test_smem_estimate_bounds_what_triton_allocates():
         ("fp8", "asm16", 0, 128, 128, 128, 3, 8, 81920), ("fp8_row", "asm16", 0, 64, 128, 128, 2, 4, 41472),
         ("f16", "asm16", 0, 32, 128, 64, 2, 4, 22528), ("bf16", "halves", 1, 64, 64, 128, 3, 4, 45568),
         ("f16", "halves", 1, 128, 128, 128, 3, 8, 82944), ("fp8", "halves", 1, 256, 128, 128, 1, 8, 33792),
+        ("fp8_row", "asm", 0, 256, 256, 128, 1, 8, 131072), ("f16", "asm", 1, 64, 64, 128, 1, 8, 32768),
+        ("f16", "asm", 1, 256, 64, 128, 2, 8, 118784), ("fp8_row", "halves", 1, 16, 128, 128, 2, 4, 12800),
     ]
     spec = get_spec(OPS[0])
     prob = spec.problem({"E": 256, "N": 2048, "K": 4096, "top_k": 6}, tokens=4096)
@@ -94,7 +96,7 @@ def test_smem_estimate_bounds_what_triton_allocates():
         cfg = normalize_config(dict(DECODE=dec, UNPACK=unpack, SWAP_AB=swap, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn,
                                     BLOCK_SIZE_K=bk, num_stages=st, num_warps=w))
         est = smem_bytes(cfg)
-        assert allocated <= est <= max(2 * allocated, 64 * 1024), (cfg, allocated, est)
+        assert allocated <= est <= max(2.5 * allocated, 64 * 1024), (cfg, allocated, est)
         assert (spec.constraint(cfg, prob, h200) is None) == (allocated <= 232448)
 
 

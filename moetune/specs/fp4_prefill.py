@@ -88,33 +88,33 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
 def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """Shared memory one program allocates, an upper bound fitted to what Triton allocates.
 
-    Fitted to ``metadata.shared`` of 70 configs across every design compiled for sm_90 (Triton 3.9)
-    and to the one Triton 3.6 failure (M256 N128 K256 bf16, 1 stage: 393,216 B); results/fp4_prefill.md
+    Fitted to ``metadata.shared`` of 146 configs across every design compiled for sm_90 (Triton 3.9)
+    and to the Triton 3.6 failure (M256 N128 K256 bf16, 1 stage: 393,216 B); results/fp4_prefill.md
     has the table. Terms, in bytes, with e = 1 for the fp8 decodes and 2 for f16/bf16 operands:
 
     - pipeline: (stages - 1) x the raw tiles one K step loads (A fp8 BM*BK, packed BN*BK/2, scales
       BN*BK/32, and the bf16 decode's per-element activation scales 4*BM*BK when BK > 128);
-    - the MMA operand staged in shared memory: with SWAP_AB the activations e*BM*BK; else for
-      wgmma tiles (BM >= 64) the decoded weights (e*BN*BK with UNPACK halves, else 2*BN*BK: the
-      others stage fp16), at least 2*BM*BK for 256-row tiles; e*BN*BK for the mma.sync tiles
-      (BM < 64); plus 4*BM*BK for the bf16 decode's scale tile when BK > 128;
-    - the epilogue's layout change of the fp32 accumulator, min(4*BM*BN, 64 KiB), not live with the rest;
-    - 4 KiB + 8*BM*stages for the activation scales and barriers.
+    - the MMA operands staged in shared memory: activations e*BM*BK with SWAP_AB or wgmma tiles
+      (BM >= 64; 2*BM*BK at BM 256), none for mma.sync tiles; decoded weights e*BN*BK with UNPACK
+      halves (none with halves + SWAP_AB: they stay in registers), else 2*BN*BK (staged as fp16);
+    - the bf16 decode's scale tile 4*BM*BK when BK > 128 (what Triton 3.6 adds over 3.9);
+    - 4 KiB + 8*BM*stages for the activation scales and barriers;
+    - or the epilogue's layout change of the fp32 accumulator, min(4*BM*BN, 64 KiB), if larger.
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
-    if cfg.get("SWAP_AB"):
-        operand = e * bm * bk
+    halves, swap = cfg["UNPACK"] == "halves", bool(cfg.get("SWAP_AB"))
+    if swap:
+        acts = e * bm * bk
     elif bm >= 256:
-        operand = max(e * bn * bk, 2 * bm * bk)
-    elif bm >= 64:  # only the halves keep fp8 weights in fp8 all the way to shared memory
-        operand = (e if cfg["UNPACK"] == "halves" else 2) * bn * bk
+        acts = 2 * bm * bk
     else:
-        operand = e * bn * bk
-    small = 4096 + 8 * bm * st  # activation scales and barriers
-    return max(pipeline + operand + xs + small, min(4 * bm * bn, 64 * 1024))
+        acts = e * bm * bk if bm >= 64 else 0
+    weights = 0 if halves and swap else (e if halves else 2) * bn * bk
+    small = 4096 + 8 * bm * st
+    return max(pipeline + acts + weights + xs + small, min(4 * bm * bn, 64 * 1024))
 
 
 def _next_pow2(v: float) -> int:
