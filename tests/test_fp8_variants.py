@@ -99,3 +99,33 @@ def test_sort_routing_step_equals_onehot(tokens, E, block_m, active):
     assert torch.equal(onehot[0], by_sort[0]) and torch.equal(onehot[1], by_sort[1])
     with pytest.raises(ValueError, match="method"):
         F.align_routes(ids, E, block_m, "radix")
+
+
+class _Spy:
+    """Records launches of a Triton kernel and forwards them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __getitem__(self, grid):
+        self.calls += 1
+        return self.kernel[grid]
+
+
+def test_routing_step_default_is_sort_with_onehot_above_its_route_limit(monkeypatch):
+    """The default (measured faster on the H200) is "sort"; past the routes one program can sort,
+    "onehot" runs instead; every choice buckets the routes the same way."""
+    assert F.ALIGN_METHOD == "sort"
+    sort_spy, onehot_spy = _Spy(F._align_sort_kernel), _Spy(F._align_kernel)
+    monkeypatch.setattr(F, "_align_sort_kernel", sort_spy)
+    monkeypatch.setattr(F, "_align_kernel", onehot_spy)
+    ids, _ = make_routes(5, 4, 7, active_fraction=0.75, generator=torch.Generator().manual_seed(3))
+    default = F.align_routes(ids, 7, 16)
+    assert (sort_spy.calls, onehot_spy.calls) == (1, 0)
+    onehot = F.align_routes(ids, 7, 16, "onehot")
+    assert all(torch.equal(a, b) for a, b in zip(default, onehot, strict=True))
+    monkeypatch.setattr(F, "_SORT_MAX_ROUTES", ids.numel() - 1)
+    fallback = F.align_routes(ids, 7, 16)
+    assert (sort_spy.calls, onehot_spy.calls) == (1, 2)
+    assert all(torch.equal(a, b) for a, b in zip(fallback, onehot, strict=True))
+

@@ -528,8 +528,10 @@ def max_blocks(routes: int, num_experts: int, block_m: int) -> int:
 
 # ---- launchers ----------------------------------------------------------------------------------
 ALIGN_METHODS = ("onehot", "sort")
-ALIGN_METHOD = "onehot"  # measured on the H200; "sort" (one histogram + one sort) is not yet measured
-_SORT_MAX_ROUTES = 4096  # one program sorts all routes in registers
+# H200, DeepSeek-V3 TP8 (E 256), BM 16: "sort" 3.45 / 3.39 / 3.96 / 5.43 us against "onehot" 4.82 / 4.38 /
+# 12.36 / 37.50 us at 8 / 32 / 128 / 512 routes, byte-identical (results/fp8_decode.md, session 2)
+ALIGN_METHOD = "sort"
+_SORT_MAX_ROUTES = 4096  # one program sorts all routes in registers; above, "onehot" runs instead
 
 
 def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None
@@ -538,7 +540,8 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method:
     block_expert [max_blocks] int32, -1 for unused blocks). Within an expert, routes keep their order.
 
     Sizes depend only on the route count, E and block_m, so this is CUDA-graph capturable. ``method``
-    (default ``ALIGN_METHOD``): "onehot" or "sort" (same result; "sort" up to 4096 routes)."""
+    (default ``ALIGN_METHOD``, "sort", the faster one on the H200): "onehot" or "sort" (same result);
+    "sort" holds every route in one program's registers, so above 4096 routes "onehot" runs instead."""
     method = method or ALIGN_METHOD
     if method not in ALIGN_METHODS:
         raise ValueError(f"method must be one of {ALIGN_METHODS}, got {method!r}")
