@@ -84,3 +84,18 @@ def test_interpreter_device_constraint_accepts_default():
     spec = get_spec(NAMES[0])
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=1)
     assert spec.constraint(spec.default, problem, INTERPRETER) is None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_heuristic_uses_a8_grouped_only_where_measured(name):
+    """sm_90 (measured): fp8 tensor-core grouped tiles above 1 row per expert; other archs (no fp8 dots
+    before sm_89, unmeasured after) keep W8A16; the shipped default is untouched."""
+    spec = get_spec(name)
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    dense = spec.heuristic(shape, 64 * 8, "sm_90")
+    assert dense["ALGO"] == "grouped" and dense["A_FP8"] == 1 and dense["SWAP_AB"] == 1
+    assert spec.heuristic(shape, 64 * 8, "sm_80")["A_FP8"] == 0
+    one = spec.heuristic(shape, 8, "sm_90")
+    assert one["ALGO"] == "route" and one["A_FP8"] == 0
+    assert spec.heuristic(shape, 4 * 8, "sm_90")["A_FP8"] == (1 if name.endswith("gate_up") else 0)
+    assert spec.default["A_FP8"] == 0 and spec.default["BLOCK_SIZE_N"] == 16
