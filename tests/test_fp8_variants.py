@@ -17,7 +17,6 @@ VARIANTS = {
     "a8-grouped": {"gate_up": {**A8_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}, "down": A8_GROUPED},
     "fused": {"gate_up": FUSED, "down": {**FUSED, "BLOCK_SIZE_N": 128}},
     "fused-a8": {"gate_up": {**FUSED, "BLOCK_SIZE_N": 128}, "down": A8_ROUTE},
-    "a8-fused": {"gate_up": A8_ROUTE, "down": FUSED},
 }
 
 
@@ -129,3 +128,19 @@ def test_routing_step_default_is_sort_with_onehot_above_its_route_limit(monkeypa
     assert (sort_spy.calls, onehot_spy.calls) == (1, 2)
     assert all(torch.equal(a, b) for a, b in zip(fallback, onehot, strict=True))
 
+
+def test_public_fused_option():
+    """fused=True: FUSED_CONFIG for GEMMs the caller leaves out, no fp32 per-route buffers, the
+    reference's result; a given non-FUSE config or a non-bool flag is a ValueError."""
+    args = make_layer(M=1, H=128, I=64, E=3, top_k=2, active=0.5, seed=16)
+    args[5][args[6] < 0] = 0.0
+    ref = F.fp8_decode_moe_reference(*args, fused=True)
+    assert rel_err(F.fp8_decode_moe(*poison_unused(args), fused=True), ref) < TOL
+    resolved = F.resolve_config(None, {}, 2, fused=True)
+    assert resolved == {g: F.check_gemm_config(c) for g, c in F.FUSED_CONFIG.items()}
+    given = F.resolve_config({"down": FUSED}, {}, 2, fused=True)
+    assert given["down"]["BLOCK_SIZE_N"] == FUSED["BLOCK_SIZE_N"] and given["gate_up"]["FUSE"] == 1
+    with pytest.raises(ValueError, match="FUSE"):
+        F.fp8_decode_moe(*args, fused=True, config={"gate_up": A8_ROUTE})
+    with pytest.raises(ValueError, match="fused"):
+        F.fp8_decode_moe(*args, fused="yes")

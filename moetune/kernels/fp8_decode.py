@@ -743,9 +743,19 @@ def _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activ
     return m, h, e, inter, topk_ids.shape[1]
 
 
-def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict], routes: int
-                   ) -> dict[str, dict[str, Any]]:
-    """Per-GEMM configs: checked ``config`` entries, the tile picker's choice for missing ones."""
+# the fused layer measured on the H200 ("fused-1", results/fp8_decode.md, session 2): 2 graph nodes
+FUSED_CONFIG: dict[str, dict[str, Any]] = {
+    "gate_up": {"ALGO": "route", "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 512, "FUSE": 1, "num_stages": 3},
+    "down": {"ALGO": "route", "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "FUSE": 1, "num_stages": 2},
+}
+
+
+def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict], routes: int,
+                   fused: bool = False) -> dict[str, dict[str, Any]]:
+    """Per-GEMM configs: checked ``config`` entries; for missing ones the tile picker's choice, or
+    ``FUSED_CONFIG`` with ``fused`` (which then requires FUSE 1 in every given entry)."""
+    if not isinstance(fused, bool):
+        raise ValueError(f"fused must be True or False, got {fused!r}")
     if config is None:
         config = {}
     if not isinstance(config, Mapping):
@@ -758,6 +768,10 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
     for gemm in GEMMS:
         if gemm in config:
             out[gemm] = check_gemm_config(config[gemm], f"config[{gemm!r}]")
+            if fused and not out[gemm]["FUSE"]:
+                raise ValueError(f"config[{gemm!r}]['FUSE'] must be 1 with fused=True, got 0")
+        elif fused:
+            out[gemm] = check_gemm_config(FUSED_CONFIG[gemm])
         else:
             from ..picker import pick_config
 
@@ -769,7 +783,8 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
 def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                    activation: str = "silu", swiglu_limit: float | None = None,
-                   config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
+                   config: Mapping[str, Any] | None = None, fused: bool = False, validate: bool = False
+                   ) -> torch.Tensor:
     """MoE layer output ``[M, H]`` in x's dtype for block-FP8 experts; routes with id -1 contribute 0.
 
     Shapes: x [M, H]; w13 [E, 2I, H] fp8 (gate rows, then up rows); w13_scale [E, ceil(2I/128),
@@ -777,13 +792,22 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     fp32; topk_ids [M, top_k] int32/int64 in [-1, E). ``config``: ``{"gate_up": {...}, "down": {...}}``
     tile parameters (``GEMM_DEFAULT`` keys); missing GEMMs use ``moetune.picker.pick_config``.
     ``validate=True`` checks the ids (one host sync); otherwise the path never syncs.
+
+    ``fused=True`` runs the layer as 2 launches (activation inside gate/up, top_k sum inside down;
+    ``FUSED_CONFIG`` unless ``config`` gives FUSE configs) instead of 4-5. It pays only when (nearly)
+    every route is inactive, where the layer is its fixed cost. H200, DeepSeek-V3 TP8, whole layer under
+    a CUDA graph, against the unfused layer with session 1's best tiles: at 0/8 active 3.9 / 4.9 / 9.4 /
+    29.9 us vs 6.1 / 8.8 / 14.6 / 64.0 us at 1 / 4 / 16 / 64 tokens. It does not pay with active routes:
+    its GEMVs have no split-K, so at 8/8 active it takes 82.3 / 102.8 / 241.2 / 837.4 us vs 27.1 / 70.5 /
+    198.6 / 506.5 us (3x slower at 1 token), and at 2/8 it loses at 1 / 4 / 16 tokens (76.8 vs 19.9 us at
+    1 token) and ties at 64 (259.3 vs 270.6 us).
     """
     m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                           activation, swiglu_limit)
     dtype = _dtype_name(x.dtype)
     shapes = {"gate_up": {"E": e, "N": 2 * inter, "K": h, "top_k": top_k, "dtype": dtype},
               "down": {"E": e, "N": h, "K": inter, "top_k": top_k, "dtype": dtype}}
-    cfg = resolve_config(config, shapes, m * top_k)
+    cfg = resolve_config(config, shapes, m * top_k, fused)
     if validate and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < -1 or hi >= e:
@@ -837,8 +861,10 @@ def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, con
 def fp8_decode_moe_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                              w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                              activation: str = "silu", swiglu_limit: float | None = None,
-                             config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
-    """fp32 torch on the dequantized weights of the experts actually routed to (``config`` ignored);
+                             config: Mapping[str, Any] | None = None, fused: bool = False,
+                             validate: bool = False) -> torch.Tensor:
+    """fp32 torch on the dequantized weights of the experts actually routed to (``config``, ``fused``
+    ignored);
     inactive routes contribute 0 and their experts' storage is never read."""
     m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                           activation, swiglu_limit)
