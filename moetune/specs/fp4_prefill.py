@@ -18,6 +18,7 @@ import torch
 from ..device import DeviceInfo
 from ..models import ModelPreset
 from ..spec import Config, Inputs, KernelSpec, Problem, register
+from ._routed_reference import routed_matmul
 
 GEMMS = ("gate_up", "down")
 TILE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
@@ -212,7 +213,7 @@ class Fp4PrefillSpec(KernelSpec):
         out = torch.empty(problem.tokens * top_k, n, dtype=torch.float32, device=device)
         tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
                    "topk_ids": ids, "topk_weights": topk_weights}
-        return Inputs(tensors, (out,), extra={"align": {}, "top_k": top_k})
+        return Inputs(tensors, (out,), extra={"align": {}, "top_k": top_k, "weights": weights})
 
     def _align(self, inputs: Inputs, block_m: int):
         from ..kernels.moe_align import align_routes
@@ -244,16 +245,10 @@ class Fp4PrefillSpec(KernelSpec):
         from ..quant.mxfp4 import dequantize_mxfp4
 
         t = inputs.tensors
-        top_k = inputs.extra["top_k"]
         a = dequantize_fp8_act(t["a"], t["a_scale"])
-        ids = t["topk_ids"].reshape(-1).long()
-        out = torch.zeros_like(inputs.outputs[0])
-        for e in torch.unique(ids[ids >= 0]).tolist():
-            routes = (ids == e).nonzero().squeeze(1)
-            rows = routes // top_k if self.gemm == "gate_up" else routes
-            w = dequantize_mxfp4(t["w"][e], t["w_scale"][e])
-            out[routes] = a[rows] @ w.T
-        return (out,)
+        row_div = inputs.extra["top_k"] if self.gemm == "gate_up" else 1
+        return (routed_matmul(a, t["topk_ids"], row_div, inputs.extra["weights"], dequantize_mxfp4,
+                              t["w"].shape[1]),)
 
     # ---- roofline -----------------------------------------------------------------------
     def _active_and_experts(self, problem: Problem, inputs: Inputs | None) -> tuple[int, float]:

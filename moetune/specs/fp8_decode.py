@@ -23,6 +23,7 @@ from ..models import ModelPreset
 from ..quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from ..routing import make_routes
 from ..spec import Config, Inputs, KernelSpec, Problem, register
+from ._routed_reference import routed_matmul
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
@@ -160,7 +161,8 @@ class _Fp8DecodeGemm(KernelSpec):
         a = torch.randn(rows, k, generator=dgen, device=device).to(dtype)
         out = torch.empty(routes, n, dtype=torch.float32, device=device)
         return Inputs({"a": a, "w": weights["w"], "w_scale": weights["w_scale"], "topk_ids": ids,
-                       "topk_weights": rw}, (out,), {"a_row_div": top_k if self.gemm == "gate_up" else 1})
+                       "topk_weights": rw}, (out,),
+                      {"a_row_div": top_k if self.gemm == "gate_up" else 1, "weights": weights})
 
     def run(self, inputs: Inputs, config: Config) -> None:
         t = inputs.tensors
@@ -170,13 +172,8 @@ class _Fp8DecodeGemm(KernelSpec):
 
     def reference(self, inputs: Inputs) -> tuple[torch.Tensor, ...]:
         t = inputs.tensors
-        ids = t["topk_ids"].reshape(-1)
-        out = torch.zeros(ids.numel(), t["w"].shape[1], dtype=torch.float32, device=ids.device)
-        a = t["a"].float()
-        for e in torch.unique(ids[ids >= 0]).tolist():
-            rows = (ids == e).nonzero().flatten()
-            w = dequantize_fp8_block(t["w"][e], t["w_scale"][e])
-            out[rows] = a[rows // inputs.extra["a_row_div"]] @ w.T
+        out = routed_matmul(t["a"], t["topk_ids"], inputs.extra["a_row_div"], inputs.extra["weights"],
+                            dequantize_fp8_block, t["w"].shape[1])
         if self.gemm == "down":
             out *= t["topk_weights"].reshape(-1, 1)
         return (out,)
