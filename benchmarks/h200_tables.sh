@@ -12,14 +12,14 @@ set -u
 : "${OUT:?set OUT to a folder for the results}"
 BUDGET=${BUDGET:-24}
 LIMIT=${LIMIT:-200}
-GPUS=${GPUS:-all}
+GPUS=${GPUS-all}  # empty: the plain one-GPU sweep
 DB=${DB:-$OUT/h200_tables.sqlite}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 # A sweep needs no collective; keep NVLink multicast off in case anything initialises NCCL.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
 mt() { python -m moetune "$@"; }
-sweep() { mt sweep --db "$DB" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet "$@"; }
+sweep() { mt sweep --db "$DB" --budget "$BUDGET" ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" --quiet "$@"; }
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/stages.log"; }
 
 stages=("$@")
@@ -49,9 +49,9 @@ for st in "${stages[@]}"; do
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill \
         --csv "$OUT/bench_fp4.csv" --markdown "$OUT/bench_fp4.md" ;;
     picker)  # densities the tables do not hold: the picker's choice against a direct sweep there
-      mt sweep --db "$OUT/direct.sqlite" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet \
+      DB=$OUT/direct.sqlite sweep \
         -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --active 1
-      mt sweep --db "$OUT/direct.sqlite" --budget "$BUDGET" --gpus "$GPUS" --time-limit "$LIMIT" --quiet \
+      DB=$OUT/direct.sqlite sweep \
         -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --csv "$OUT/picker_fp8.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608 --csv "$OUT/picker_fp4.csv" ;;

@@ -354,6 +354,9 @@ class Runner:
         """
         if self.device is None:
             self.start()
+        # Measurements an earlier call queued but its caller stopped reading (a time limit): their
+        # admit callbacks belong to that caller (its store may be closed), so they never start.
+        self.measurer.queue.clear()
         by_key = {canonical_json(c): dict(c) for c in configs}
         where = problem.describe()
         self._compile_ahead(spec, problem, by_key.values(), seed, front=True)

@@ -165,3 +165,20 @@ def test_a_key_added_to_the_space_later_keeps_old_rows_measured(tmp_path, monkey
         rows = store.frame()
     assert len(rows) == 6 and sum(again[0].counts.values()) == 0
     assert again[0].baseline is not None and again[0].baseline.config["x"] == 0
+
+
+def test_measurements_left_queued_by_a_stopped_caller_never_start(tmp_path):
+    """A sweep that stops reading (time limit) leaves measurements queued; their admit callbacks
+    belong to it (its store may be closed by now), so the next call must not start them."""
+    spec = crashy_spec.STEADY_WIDE
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 1)
+    configs = [{**spec.default, "v": v} for v in range(12)]
+    asked = []
+    with Runner(timeout=30) as runner:
+        first = runner.measure(spec, problem, configs[:8], admit=lambda c: asked.append(c["v"]) or True)
+        next(first)
+        first.close()  # the caller stopped reading, as a sweep at its time limit does
+        before = len(asked)
+        done = [c["v"] for c, res in runner.measure(spec, problem, configs[8:]) if res["status"] == "ok"]
+    assert before < 8 and len(asked) == before
+    assert sorted(done) == [8, 9, 10, 11]
