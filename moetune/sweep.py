@@ -168,13 +168,19 @@ class Sweep:
         return self.timed_out
 
     def _hints(self, i: int) -> list[Config]:
-        """Warm starts: the best configs found so far for the same op and shape at other densities,
-        nearest density first."""
+        """Warm starts: the spec's heuristic for this point (so a table never loses to the fallback it
+        replaces for want of measuring it), then the best configs found so far for the same op and
+        shape at other densities, nearest density first."""
         me = self.points[i]
         near = [pt for pt in self.points[:i] if pt.problem.kernel == me.problem.kernel
                 and pt.problem.shape_key == me.problem.shape_key and pt.best is not None]
         near.sort(key=lambda pt: abs(pt.problem.density - me.problem.density))
-        return [pt.best.config for pt in near]
+        hints = [pt.best.config for pt in near]
+        heuristic = full_config(me.spec, me.spec.heuristic(me.problem.shape, me.problem.routes,
+                                                           self.device.arch))
+        if canonical_json(heuristic) in {canonical_json(c) for c in me.candidates}:
+            hints.insert(0, heuristic)
+        return hints
 
     def _measure(self, pt: Point, configs: Sequence[Config],
                  ahead: Sequence[Config] = ()) -> list[Observation]:

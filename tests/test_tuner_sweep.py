@@ -182,3 +182,17 @@ def test_measurements_left_queued_by_a_stopped_caller_never_start(tmp_path):
         done = [c["v"] for c, res in runner.measure(spec, problem, configs[8:]) if res["status"] == "ok"]
     assert before < 8 and len(asked) == before
     assert sorted(done) == [8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("strategy", ["model", "coordinate"])
+def test_the_heuristic_is_measured_at_every_point(tmp_path, monkeypatch, strategy):
+    """The table a sweep exports replaces the heuristic, so the heuristic's config must be a candidate."""
+    spec = crashy_spec.STEADY_WIDE
+    monkeypatch.setattr(spec, "heuristic", lambda shape, routes, arch: {**spec.default, "v": 37})
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), t) for t in (1, 2)]
+    with Store(tmp_path / "h.sqlite") as store, Runner(timeout=30) as runner:
+        Sweep(store, runner, strategy=strategy, budget=4).run(problems)
+        rows = store.frame()
+    for tokens in (1, 2):
+        measured = {json.loads(c)["v"] for c in rows[rows["tokens"] == tokens]["config"]}
+        assert 37 in measured and len(measured) <= 4
