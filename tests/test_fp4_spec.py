@@ -7,6 +7,7 @@ from moetune.models import get_model
 from moetune.spec import get_spec
 
 OPS = ("fp4_prefill.gate_up", "fp4_prefill.down")
+H200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 232448, 0, False)
 
 
 def test_shapes_from_deepseek_v4_flash_tp2():
@@ -47,12 +48,45 @@ def test_heuristic_tracks_density():
         picks = [spec.heuristic(shape, r, "sm_89") for r in (1536, 6144, 24576)]
         assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 32, 128]
         assert all(p["BLOCK_SIZE_K"] == 128 for p in picks)
-        hopper = [spec.heuristic(shape, r, "sm_90") for r in (1536, 6144, 24576)]
-        assert [p["BLOCK_SIZE_M"] for p in hopper] == [16, 64, 128]  # measured on the H200
-        assert all(p["DECODE"] == "fp8" for p in hopper)
         assert spec.heuristic(shape, 1536, "interpreter") == spec.default
-        for p in picks + hopper:
+        for p in picks:
             spec.check_config(p)
+
+
+def test_hopper_heuristic_follows_the_h200_winners():
+    """sm_90: the M tile grows with rows per expert, new designs below 64 rows, asm16 above."""
+    m = get_model("deepseek-v4-flash")
+    densities = (3, 6, 12, 24, 48, 96, 192, 384)
+    for op in OPS:
+        spec = get_spec(op)
+        shape = spec.shape_from_model(m, tp=2)
+        picks = [spec.heuristic(shape, 256 * d, "sm_90") for d in densities]
+        assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 16, 16, 32, 64, 128, 128, 128]
+        assert all(p["UNPACK"] == "asm16" for p in picks[5:])
+        if op.endswith("gate_up"):
+            assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("f16", "halves", 0) for p in picks[:4])
+            assert (picks[4]["DECODE"], picks[4]["UNPACK"]) == ("fp8", "join")
+        else:
+            assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "halves", 1) for p in picks[:5])
+        for d, p in zip(densities, picks, strict=True):
+            prob = spec.problem(shape, tokens=256 * d // 6)
+            assert spec.constraint(p, prob, H200) is None, (op, d, p)
+            assert p != spec.default
+        assert spec.default["DECODE"] == "bf16" and spec.default["BLOCK_SIZE_M"] == 64  # static unchanged
+
+
+def test_hopper_heuristic_fits_small_shapes():
+    """Measured tiles shrink to a small N/K; halves needs K tiles >= 64, so K 32 falls back to join."""
+    for op in OPS:
+        spec = get_spec(op)
+        for shape in ({"E": 4, "N": 96, "K": 32, "top_k": 2}, {"E": 4, "N": 48, "K": 160, "top_k": 2}):
+            for routes in (8, 96, 256, 1024):
+                p = spec.heuristic(shape, routes, "sm_90")
+                prob = spec.problem(shape, tokens=routes // 2)
+                assert spec.constraint(p, prob, H200) is None, (op, shape, routes, p)
+                assert p["BLOCK_SIZE_N"] <= 128 and p["BLOCK_SIZE_K"] <= shape["K"]
+                if shape["K"] == 32:
+                    assert p["UNPACK"] != "halves" and p["SWAP_AB"] == 0
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -122,6 +122,47 @@ def _next_pow2(v: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(v, 1))))
 
 
+def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: str, swap: int = 0) -> dict:
+    return dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=w, num_stages=st, GROUP_SIZE_M=g,
+                DECODE=decode, UNPACK=unpack, SWAP_AB=swap)
+
+
+# sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2
+# (results/fp4_prefill.md, session 2): the sweep store at 3-48 rows per expert, the design benchmark at
+# 6/24/96. Above 64 the band's config was timed at 96 only; at 192 and 384 only its fp8/join twin was
+# (which beat the budget-12 tables there), and asm16 beat join by 5-10% at 96 on the same tile.
+_HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
+    "gate_up": (
+        (16, _t(16, 256, 128, 4, 3, 1, "f16", "halves")),     # 0.61-0.73 ms at 3-12 (static 1.9-2.1)
+        (32, _t(32, 128, 128, 4, 2, 1, "f16", "halves")),     # 0.88 ms at 24
+        (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
+        (math.inf, _t(128, 64, 128, 8, 1, 8, "fp8_row", "asm16")),  # 1.76 ms at 96 (fp8/join 1.95)
+    ),
+    "down": (
+        (16, _t(16, 256, 64, 4, 3, 8, "fp8", "halves", 1)),   # 0.31-0.36 ms at 3-12 (static 0.98-1.05)
+        (32, _t(32, 64, 128, 4, 1, 1, "fp8", "halves", 1)),   # 0.51 ms at 24
+        (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
+        (math.inf, _t(128, 64, 128, 8, 1, 8, "fp8", "asm16")),  # 1.04 ms at 96 (fp8/join 1.09)
+    ),
+}
+
+
+def _hopper_pick(gemm: str, density: float) -> dict[str, Any]:
+    return dict(next(cfg for top, cfg in _HOPPER[gemm] if density <= top))
+
+
+def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
+    """Shrink measured tiles to a smaller shape: N to what N needs, K to a power of two <= K.
+
+    ``halves`` needs BLOCK_SIZE_K >= 64; below that the pick falls back to ``join`` without SWAP_AB.
+    """
+    cfg["BLOCK_SIZE_N"] = min(cfg["BLOCK_SIZE_N"], max(16, _next_pow2(shape["N"])))
+    cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], 1 << int(math.log2(shape["K"])))
+    if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
+        cfg.update(UNPACK="join", SWAP_AB=0)
+    return cfg
+
+
 class Fp4PrefillSpec(KernelSpec):
     gemm = "gate_up"
     space = SPACE
@@ -169,15 +210,7 @@ class Fp4PrefillSpec(KernelSpec):
         if m is None:
             return dict(self.default)
         if int(m.group(1)) >= 90:
-            # Measured on an H200 (results/fp4_prefill.md, DeepSeek-V4-Flash TP=2): the re-based
-            # fp8 decode wins at every density; the M tile follows rows per expert.
-            if density <= 12:
-                tile = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64 if self.gemm == "gate_up" else 128, num_warps=4)
-            elif density <= 48:
-                tile = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=8)
-            else:
-                tile = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=8)
-            return dict(self.default, **tile, BLOCK_SIZE_K=128, DECODE="fp8", UNPACK="join")
+            return _fit(dict(self.default, **_hopper_pick(self.gemm, density)), shape)
         # Seed 004's rule, measured on sm_89: the M tile tracks rows per expert, wide K tiles.
         bm = 16 if density <= 16 else 32 if density <= 48 else 128
         return dict(self.default, BLOCK_SIZE_M=bm,
