@@ -130,7 +130,7 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
 # sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2
 # (results/fp4_prefill.md, session 2): the sweep store at 3-48 rows per expert, the design benchmark at
 # 6/24/96. Above 64 the band's config was timed at 96 only; at 192 and 384 only its fp8/join twin was
-# (which beat the budget-12 tables there), and asm16 beat join by 5-10% at 96 on the same tile.
+# (which beat the budget-12 tables there), and asm16 beat join by 5-11% at 96 on the same tile.
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
         (16, _t(16, 256, 128, 4, 3, 1, "f16", "halves")),     # 0.61-0.73 ms at 3-12 (static 1.9-2.1)
