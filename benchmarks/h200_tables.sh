@@ -4,8 +4,11 @@
 #
 #   OUT=/tmp/out bash benchmarks/h200_tables.sh [stage ...]
 #
-# Stages (default: all, in this order): fp8 fp4 gather export bench picker more. Every sweep resumes
-# from $DB, so a stage cut short by its time limit continues where it stopped when run again. Knobs:
+# Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list).
+# Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
+# run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
+# working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
+# archive, $OUT/h200_tables.tgz (the device tool returns at most 8 files). Knobs:
 # BUDGET (measurements per point), LIMIT (seconds per sweep command), GPUS (--gpus value). Everything
 # a stage writes lands under $OUT; configs/ is exported in place and also packed into $OUT/configs.tgz.
 set -u
@@ -23,7 +26,7 @@ sweep() { mt sweep --db "$DB" --budget "$BUDGET" ${GPUS:+--gpus "$GPUS"} --time-
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/stages.log"; }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(fp8 fp4 gather export bench picker)
+[ ${#stages[@]} -eq 0 ] && stages=(fp8 fp4 gather export bench picker pack)
 for st in "${stages[@]}"; do
   stamp "start $st"
   case $st in
@@ -55,6 +58,17 @@ for st in "${stages[@]}"; do
         -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --csv "$OUT/picker_fp8.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608 --csv "$OUT/picker_fp4.csv" ;;
+    pack)
+      python - "$OUT" "$DB" <<'PY'
+import sqlite3, sys
+from pathlib import Path
+for db in {Path(sys.argv[2]), *Path(sys.argv[1]).glob("*.sqlite")}:  # fold WAL files into the stores
+    if db.exists():
+        sqlite3.connect(db).execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
+PY
+      [ -f "$DB" ] && case "$DB" in "$OUT"/*) ;; *) cp "$DB" "$OUT/" ;; esac
+      (cd "$OUT" && tar czf /tmp/h200_tables.tgz --exclude='*-wal' --exclude='*-shm' . \
+        && find . -mindepth 1 -delete && mv /tmp/h200_tables.tgz .) ;;
     *) echo "unknown stage $st" >&2; exit 2 ;;
   esac
   stamp "end $st"
