@@ -41,6 +41,7 @@ class Point:
     counts: collections.Counter = field(default_factory=collections.Counter)  # new rows by status
     best: Observation | None = None
     baseline: Observation | None = None  # the default's measurement
+    keys: frozenset = frozenset()  # canonical JSON of every candidate (membership without re-encoding)
 
     def note(self, obs: Observation) -> None:
         if obs.ok and (self.best is None or obs.time_ms < self.best.time_ms):
@@ -60,23 +61,38 @@ def full_config(spec: KernelSpec, candidate: Config) -> Config:
     return {**spec.default, **candidate}
 
 
+_SPACES: dict[tuple[str, str, str], list[tuple[Config, str]]] = {}
+
+
+def _space(spec: KernelSpec) -> list[tuple[Config, str]]:
+    """Every distinct full config of the spec's space with its canonical key, made once per space (a
+    sweep plans dozens of points over the same space of tens of thousands of configs)."""
+    ident = (spec.name, canonical_json(spec.space), canonical_json(spec.default))
+    if ident not in _SPACES:
+        out, seen = [], set()
+        for raw in spec.candidates():
+            cfg = full_config(spec, raw)
+            key = canonical_json(cfg)
+            if key not in seen:
+                seen.add(key)
+                out.append((cfg, key))
+        _SPACES[ident] = out
+    return _SPACES[ident]
+
+
 def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Point:
     """The constrained candidate list; ValueError when nothing survives the constraints."""
-    cands, seen, pruned = [], set(), 0
-    for raw in spec.candidates():
-        cfg = full_config(spec, raw)
-        key = canonical_json(cfg)
-        if key in seen:
-            continue
-        seen.add(key)
+    cands, keys = [], []
+    space = _space(spec)
+    for cfg, key in space:
         if spec.constraint(cfg, problem, device) is None:
-            cands.append(cfg)
-        else:
-            pruned += 1
+            cands.append(dict(cfg))
+            keys.append(key)
+    pruned = len(space) - len(cands)
     if not cands:
         raise ValueError(f"{problem.describe()}: no candidate config passes the constraints "
                          f"({pruned} pruned)")
-    return Point(spec, problem, cands, pruned, dict(spec.default))
+    return Point(spec, problem, cands, pruned, dict(spec.default), keys=frozenset(keys))
 
 
 def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
@@ -178,7 +194,7 @@ class Sweep:
         hints = [pt.best.config for pt in near]
         heuristic = full_config(me.spec, me.spec.heuristic(me.problem.shape, me.problem.routes,
                                                            self.device.arch))
-        if canonical_json(heuristic) in {canonical_json(c) for c in me.candidates}:
+        if canonical_json(heuristic) in me.keys:
             hints.insert(0, heuristic)
         return hints
 

@@ -86,8 +86,9 @@ class _Fp8DecodeGemm(KernelSpec):
             return f"BLOCK_SIZE_N {bn} is wider than N {n}"
         if bk > max(128, triton.next_power_of_2(k)):
             return f"BLOCK_SIZE_K {bk} is longer than K {k}"
-        if cfg["SPLIT_K"] > triton.cdiv(k, bk):
-            return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {triton.cdiv(k, bk)} K blocks"
+        k_blocks = -(-k // bk)  # not triton.cdiv: a JIT-function call per candidate slows planning
+        if cfg["SPLIT_K"] > k_blocks:
+            return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {k_blocks} K blocks"
         if cfg["ALGO"] != "route" and bm > max(16, triton.next_power_of_2(max(1, problem.routes))):
             return f"BLOCK_SIZE_M {bm} exceeds the {problem.routes} routes"
         a_bytes = DTYPES[problem.shape["dtype"]].itemsize
