@@ -89,7 +89,8 @@ def phase_sweep(db: Path, runner, kernel: str, model: str, tp: int, limit: float
     total = len(pt.candidates)
     phases = {}
     if sw.phases_ms:
-        for name in ("inputs", "reference", "check", "timing", "store", "kernel"):
+        for name in ("inputs", "setup", "inputs_host", "inputs_sync", "reference", "check", "timing", "store",
+                     "kernel"):
             phases[name] = statistics.median(p.get(name, 0.0) for p in sw.phases_ms)
         phases["timing"] -= phases["kernel"]  # timing overhead beyond the kernel's own runs
         phases["ipc"] = statistics.median(p["parent"] - p["worker"] for p in sw.phases_ms)
@@ -212,6 +213,7 @@ def main() -> None:
               f"full space est. {(est or float('nan')) / 60:.1f} min |")
     print("\nper-candidate overhead, median ms (timing = beyond the kernel's own runs)")
     names = ("inputs", "reference", "check", "timing", "store", "ipc")
+    parts = ("setup", "inputs_host", "inputs_sync")
     print(f"| kernel | timed | {' | '.join(names)} | total | kernel |\n|---|---|" + "---|" * (len(names) + 2))
     for key in ("fp8_sweep", "fp4_sweep"):
         r = report.get(key)
@@ -219,6 +221,11 @@ def main() -> None:
             ph = r["phases_ms_median"]
             print(f"| {r['kernel']} | {r['timed']} | " + " | ".join(f"{ph[n]:.1f}" for n in names)
                   + f" | {r['overhead_ms_median']:.1f} | {ph['kernel']:.1f} |")
+    for key in ("fp8_sweep", "fp4_sweep"):
+        r = report.get(key)
+        if r and r["phases_ms_median"]:
+            split = ", ".join(f"{n} {r['phases_ms_median'].get(n, 0.0):.1f}" for n in parts)
+            print(f"inputs of {r['kernel']}, split (median ms): {split}")
     print(f"total {report['total_s']:.0f} s", flush=True)
 
 

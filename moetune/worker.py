@@ -247,17 +247,23 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
     stage = "setup"
     try:
         cand = _Candidate(task, device)
+        t_setup = time.perf_counter()
         stage = "make_inputs"
         if task["mode"] == "compile":
             inputs = _COMPILE_INPUTS.get(cand, task["seed"], task.get("lock"))
         else:
             inputs = make_inputs(cand, task["seed"])
-            cand._sync()
-        made_ms = (time.perf_counter() - t0) * 1e3
+        t_made = time.perf_counter()
+        cand._sync()
+        t_synced = time.perf_counter()
         stage = "run"
         result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
-        if "phases_ms" in result:
-            result["phases_ms"]["inputs"] = result["phases_ms"].get("inputs", 0.0) + made_ms
+        if "phases_ms" in result:  # the fresh inputs, split so a slow part shows where it is
+            ph = result["phases_ms"]
+            ph["setup"] = (t_setup - t0) * 1e3
+            ph["inputs_host"] = (t_made - t_setup) * 1e3
+            ph["inputs_sync"] = (t_synced - t_made) * 1e3
+            ph["inputs"] = ph.get("inputs", 0.0) + (t_synced - t0) * 1e3
     except Exception as e:  # noqa: BLE001 - every failure is data here
         status, restart = classify(e, device.is_gpu)
         if stage != "run":
