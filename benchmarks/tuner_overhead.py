@@ -89,8 +89,10 @@ def phase_sweep(db: Path, runner, kernel: str, model: str, tp: int, limit: float
     total = len(pt.candidates)
     phases = {}
     if sw.phases_ms:
-        for name in ("inputs", "setup", "inputs_host", "inputs_sync", "reference", "check", "timing", "store",
-                     "kernel"):
+        parts = ("setup", "inputs_host", "inputs_sync", "timing_sets")
+        for p in sw.phases_ms:
+            p["inputs"] = sum(p.get(n, 0.0) for n in parts)
+        for name in ("inputs", *parts, "reference", "check", "timing", "store", "kernel"):
             phases[name] = statistics.median(p.get(name, 0.0) for p in sw.phases_ms)
         phases["timing"] -= phases["kernel"]  # timing overhead beyond the kernel's own runs
         phases["ipc"] = statistics.median(p["parent"] - p["worker"] for p in sw.phases_ms)
@@ -213,7 +215,7 @@ def main() -> None:
               f"full space est. {(est or float('nan')) / 60:.1f} min |")
     print("\nper-candidate overhead, median ms (timing = beyond the kernel's own runs)")
     names = ("inputs", "reference", "check", "timing", "store", "ipc")
-    parts = ("setup", "inputs_host", "inputs_sync")
+    parts = ("setup", "inputs_host", "inputs_sync", "timing_sets")
     print(f"| kernel | timed | {' | '.join(names)} | total | kernel |\n|---|---|" + "---|" * (len(names) + 2))
     for key in ("fp8_sweep", "fp4_sweep"):
         r = report.get(key)

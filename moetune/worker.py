@@ -103,7 +103,7 @@ class _Candidate:
         opts = TimingOptions(**self.task.get("timing", {}))
         sets = [inputs] + [make_inputs(self, self.task["seed"] + i, i)
                            for i in range(1, self._input_sets(out["bytes"]))]
-        clock.lap("inputs")
+        clock.lap("timing_sets")
         fns = [lambda s=s: spec.run(s, self.config) for s in sets]
         reason, best = None, self.task.get("best_ms")
         if not self.device.is_gpu:  # the arch column ("interpreter") marks these times as meaningless
@@ -258,12 +258,9 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
         t_synced = time.perf_counter()
         stage = "run"
         result = cand.compile(inputs) if task["mode"] == "compile" else cand.measure(inputs)
-        if "phases_ms" in result:  # the fresh inputs, split so a slow part shows where it is
-            ph = result["phases_ms"]
-            ph["setup"] = (t_setup - t0) * 1e3
-            ph["inputs_host"] = (t_made - t_setup) * 1e3
-            ph["inputs_sync"] = (t_synced - t_made) * 1e3
-            ph["inputs"] = ph.get("inputs", 0.0) + (t_synced - t0) * 1e3
+        if "phases_ms" in result:  # disjoint phases: the fresh inputs split so a slow part shows
+            result["phases_ms"].update(setup=(t_setup - t0) * 1e3, inputs_host=(t_made - t_setup) * 1e3,
+                                       inputs_sync=(t_synced - t_made) * 1e3)
     except Exception as e:  # noqa: BLE001 - every failure is data here
         status, restart = classify(e, device.is_gpu)
         if stage != "run":

@@ -72,7 +72,8 @@ def test_a_measurement_reports_its_phases():
             "config": {"mode": "ok", "v": 0}, "seed": 3, "timing": {}}
     res = worker.handle(task, device_info())
     assert res["status"] == "ok", res.get("reason")
-    assert set(res["phases_ms"]) == {"inputs", "reference", "check", "timing"}
+    assert set(res["phases_ms"]) == {"setup", "inputs_host", "inputs_sync", "timing_sets", "reference",
+                                     "check", "timing"}
     assert all(v >= 0 for v in res["phases_ms"].values())
     assert sum(res["phases_ms"].values()) <= res["wall_ms"] + 1e-6
     bad = worker.handle({**task, "config": {"mode": "wrong", "v": 0}}, device_info())
