@@ -4,9 +4,10 @@ The plain sweep searches one problem at a time on one GPU. :class:`ParallelSweep
 searches several problems at once, earliest first, so no worker idles while a
 point waits for its default's result or its strategy waits for a batch. Strategies
 that learn from results (:class:`~moetune.strategies.adaptive.AdaptiveStrategy`)
-are asked for batches of ``propose(n)``, n = the worker count, each batch observed
-whole before the next (what ``moetune replay --batch n`` scores); the others keep
-a sweep batch in flight so compiles run ahead of the GPUs.
+are asked for the same batches as in the plain sweep (``propose(BATCH)``, which
+they cap at a tenth of their budget), each batch observed whole before the next,
+so the search does not depend on how many GPUs run it; the others keep a sweep
+batch in flight so compiles run ahead of the GPUs.
 
 The sweep process stays the only writer of the store, so resume, claims and the
 no-loss rule hold as on one GPU; workers only measure. A backend
@@ -97,9 +98,10 @@ def same_device(hellos: Sequence[dict[str, Any]], what: str) -> tuple[DeviceInfo
 class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
 
-    As in :class:`Runner`, candidates first compile on ``jobs`` processes (default: every core on
-    a GPU, none on the interpreter; spread over the GPUs); one that fails, crashes or hangs there
-    is final. Compiled ones go to whichever measuring worker is free. ``devices`` entries are torch
+    As in :class:`Runner`, candidates first compile on ``jobs`` processes (default: every core but
+    the measurers' on a GPU, none on the interpreter; spread over the GPUs), while the GPUs measure
+    what compiled before; one that fails, crashes or hangs there is final. Compiled ones go to
+    whichever measuring worker is free. ``devices`` entries are torch
     device indices (one entry per measuring worker; an index given twice puts two on one GPU, whose
     timings then disturb each other); on the interpreter any index works (the workers all run on
     the CPU), which the tests use.
@@ -141,8 +143,8 @@ class LocalBackend:
         for h in self.measurers:
             self.states[h.name].where = (f"{self.device.name} cuda:{h.device_index}" if self.device.is_gpu
                                          else "cpu (interpreter)")
-        if self.jobs is None:
-            self.jobs = (os.cpu_count() or 1) if self.device.is_gpu else 0
+        if self.jobs is None:  # a GPU: every core but the measurers' compiles; the interpreter: none
+            self.jobs = max(1, (os.cpu_count() or 1) - len(self.measurers)) if self.device.is_gpu else 0
         self.compilers = [WorkerHandle(f"compile{i}", self.devices[i % len(self.devices)], self.log_dir)
                           for i in range(self.jobs)]
         for h in self.compilers:
@@ -161,24 +163,20 @@ class LocalBackend:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        """Start what can start. A compile task runs its candidate once on its GPU, so no GPU compiles
-        while it measures (the plain runner's rule too); compiling on one GPU while another measures is
-        fine. Compiled candidates go first: no new compile starts while one waits for a GPU."""
+        """Start what can start: compiled candidates on free GPUs, queued compiles on free compile workers.
 
-        def on(device: int | None, handles: list[WorkerHandle]) -> bool:
-            return any(h.busy and h.device_index == device for h in handles)
-
+        Compiles only build binaries (warm-up launches, nothing runs on a GPU), so they go on while the
+        GPUs measure, as in the plain :class:`Runner`; the queue of compiled candidates is what keeps
+        every GPU busy."""
         for h in self.measurers:
-            if not h.busy and self._measure_q and not on(h.device_index, self.compilers):
+            if not h.busy and self._measure_q:
                 key = self._measure_q.popleft()
                 task, label = self._tasks[key]
                 h.submit(key, task, self.timeout)
                 self.states[h.name].current = label
         lock = str(self.log_dir / "inputs.lock")
         for h in self.compilers:
-            if h.busy or not self._compile_q or self._measure_q:
-                continue
-            if not on(h.device_index, self.measurers):
+            if not h.busy and self._compile_q:
                 key = self._same_problem(h)
                 task = self._tasks[key][0]
                 self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
@@ -332,8 +330,8 @@ class ParallelSweep(Sweep):
         if s.idle:
             return []
         workers = len(self.runner.workers)
-        if isinstance(s.strategy, AdaptiveStrategy):  # whole batches of one per worker (queued if need be)
-            n = 0 if s.pending else workers
+        if isinstance(s.strategy, AdaptiveStrategy):  # whole batches, as large as on one GPU (the
+            n = 0 if s.pending else max(self.batch, workers)  # strategy caps them), so its search is too
         else:
             n = min(free, max(self.batch, workers) - len(s.pending))
         batch = s.strategy.propose(n) if n > 0 else []
@@ -383,7 +381,9 @@ def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str 
                 jobs: int | None = None) -> tuple[Any, type[Sweep]]:
     """The measurement backend and the sweep driver for ``moetune sweep``'s options.
 
-    One GPU (no option, or ``--gpus`` naming one) is the plain :class:`Runner` and :class:`Sweep`.
+    No option is the plain :class:`Runner` and :class:`Sweep` (one GPU, one point at a time);
+    ``--gpus`` puts one measuring worker on each GPU it names, one or several, and searches every
+    point at once (:class:`ParallelSweep`), so compiles for some points overlap measuring others.
     """
     if gpus is not None and ray:
         raise ValueError("--gpus and --ray exclude each other (Ray places its actors on GPUs itself)")
@@ -396,10 +396,7 @@ def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str 
                           timeout=timeout, jobs=jobs), ParallelSweep
     if gpus is None:
         return Runner(timeout=timeout, jobs=jobs), Sweep
-    devices = parse_gpus(gpus, gpu_count())
-    if len(devices) == 1:
-        return Runner(timeout=timeout, jobs=jobs, device_index=devices[0]), Sweep
-    return LocalBackend(devices, timeout=timeout, jobs=jobs), ParallelSweep
+    return LocalBackend(parse_gpus(gpus, gpu_count()), timeout=timeout, jobs=jobs), ParallelSweep
 
 
 __all__ = ["LocalBackend", "ParallelSweep", "WorkerState", "gpu_count", "make_runner", "measure_task",

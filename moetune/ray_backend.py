@@ -23,6 +23,8 @@ import collections
 import os
 import shutil
 import tempfile
+import time
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +48,10 @@ def import_ray() -> Any:
 class MeasureActor:
     """Lives in a Ray actor process: moetune worker processes on the GPU (share) Ray gave the actor.
 
-    A batch of tasks first compiles on ``jobs`` processes at once (each candidate run once, so
-    Triton's cache holds its binary; one that fails there is final, as in :class:`Runner`), then
-    each compiled candidate is measured in turn by one measuring process, never while this actor
-    compiles. Ray sets CUDA_VISIBLE_DEVICES for the actor; its worker processes inherit it.
+    A batch of tasks compiles on ``jobs`` processes at once (Triton warm-ups: binaries cached, nothing
+    run; one that fails there is final, as in :class:`Runner`), and each compiled candidate is
+    measured by one measuring process as soon as it compiled. Ray sets CUDA_VISIBLE_DEVICES for
+    the actor; its worker processes inherit it.
     """
 
     def __init__(self, name: str, jobs: int = 0):
@@ -69,17 +71,28 @@ class MeasureActor:
 
     def run(self, tasks: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
         """One result per task, in order; every way a candidate can end is a result (a worker it
-        kills is started again)."""
+        kills is started again). Each candidate is measured as soon as it compiled, while the
+        others still compile (compiles are warm-ups: nothing of theirs runs on the GPU)."""
         results: dict[int, dict[str, Any]] = {}
-        if self.compiler is not None:
-            lock = str(self.log_dir / "inputs.lock")
-            compile_tasks = [(i, {**t, "mode": "compile", "lock": lock}) for i, t in enumerate(tasks)]
-            for i, res in self.compiler.run(compile_tasks, 2 * timeout):
-                if res["status"] != "ok":
+        if self.compiler is None:
+            results.update(self.measurer.run(list(enumerate(tasks)), timeout))
+            return [results[i] for i in range(len(tasks))]
+        lock = str(self.log_dir / "inputs.lock")
+        self.compiler.add([(i, {**t, "mode": "compile", "lock": lock}) for i, t in enumerate(tasks)],
+                          2 * timeout)
+        pools = (self.compiler, self.measurer)
+        while len(results) < len(tasks):
+            for p in pools:
+                p.pump()
+            deadline = min(p.next_deadline() for p in pools)
+            wait([w for p in pools for w in p.waitables()], max(0.0, deadline - time.monotonic()) + 0.01)
+            for i, res in self.compiler.harvest():
+                if res["status"] == "ok":
+                    self.measurer.add([(i, tasks[i])], timeout)
+                else:
                     res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
                     results[i] = res
-        todo = [(i, t) for i, t in enumerate(tasks) if i not in results]
-        results.update(self.measurer.run(todo, timeout))
+            results.update(self.measurer.harvest())
         return [results[i] for i in range(len(tasks))]
 
     def close(self) -> None:

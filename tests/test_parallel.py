@@ -18,7 +18,7 @@ from moetune.runner import Runner
 from moetune.spec import canonical_json, get_spec
 from moetune.store import Store
 from moetune.strategies import STRATEGIES
-from moetune.sweep import Sweep
+from moetune.sweep import BATCH, Sweep
 
 
 # ---- --gpus ------------------------------------------------------------------------------------------
@@ -40,8 +40,11 @@ def test_parse_gpus_rejects(text, count, match):
 
 def test_make_runner_picks_the_backend(monkeypatch):
     monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
-    runner, driver = make_runner(gpus="2")  # one GPU: exactly the plain sweep, on that GPU
-    assert type(runner) is Runner and driver is Sweep and runner.device_index == 2
+    runner, driver = make_runner()  # no option: the plain sweep
+    assert type(runner) is Runner and driver is Sweep
+    runner.close()
+    runner, driver = make_runner(gpus="2")  # one GPU named: every point at once, on that GPU
+    assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [2]
     runner.close()
     runner, driver = make_runner(gpus="all", timeout=5)
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep
@@ -81,7 +84,7 @@ class FakeBackend:
             cfg = task["config"]
             self.ran.append((task["problem"].tokens, canonical_json(cfg)))
             t = 1.0 + (hash(canonical_json(cfg)) % 97) / 10
-            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, self.workers[len(out) % 2]))
+            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, self.workers[len(out) % len(self.workers)]))
             if len(out) == 2:  # results arrive a few at a time
                 break
         return out
@@ -108,7 +111,7 @@ def test_driver_measures_every_candidate_once_across_points(tmp_path):
 
 
 @pytest.mark.parametrize("workers", [1, 3])
-def test_adaptive_strategies_get_whole_batches_of_the_worker_count(tmp_path, monkeypatch, workers):
+def test_adaptive_strategies_get_the_same_batches_whatever_the_worker_count(tmp_path, monkeypatch, workers):
     sizes = []
 
     class Recording(STRATEGIES["coordinate"]):
@@ -126,7 +129,7 @@ def test_adaptive_strategies_get_whole_batches_of_the_worker_count(tmp_path, mon
     with Store(tmp_path / "r.sqlite") as store:
         ParallelSweep(store, FakeBackend(workers), strategy="coordinate", budget=12).run(problems)
         rows = store.frame()
-    assert sizes and {n for n, _ in sizes} == {workers}  # propose(n), n = the worker count, every time
+    assert sizes and {n for n, _ in sizes} == {BATCH}  # as the plain sweep asks, with 1 worker or 3
     assert sum(k for _, k in sizes) == len(rows) - 2  # everything proposed was measured, defaults aside
     for t in (1, 16):
         assert rows[rows["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
@@ -168,11 +171,11 @@ class FakeHandle:
         self.task_key = key
 
 
-def test_pool_never_compiles_on_a_gpu_while_it_measures(tmp_path):
+def test_pool_compiles_ahead_while_the_gpus_measure(tmp_path):
     backend = LocalBackend([0, 1], jobs=0, log_dir=tmp_path)
     g0, g1, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("gpu1", 1), FakeHandle("c0", 0), FakeHandle("c1", 1)
     backend.measurers, backend.compilers = [g0, g1], [c0, c1]
-    for k in "abcd":
+    for k in "abcde":
         backend.submit(k, {"mode": "measure"})
     assert (c0.task_key, c1.task_key, g0.task_key, g1.task_key) == ("a", "b", None, None)
 
@@ -181,16 +184,15 @@ def test_pool_never_compiles_on_a_gpu_while_it_measures(tmp_path):
         h.task_key = None
         backend._dispatch()
 
-    compiled(c0)  # GPU 0 measures "a"; its compile worker waits; GPU 1 is still compiling "b"
-    assert (g0.task_key, c0.task_key, c1.task_key, g1.task_key) == ("a", None, "b", None)
+    compiled(c0)  # "a" goes to a free GPU and its compile worker takes "c" at once
+    assert (g0.task_key, c0.task_key, c1.task_key, g1.task_key) == ("a", "c", "b", None)
     compiled(c1)
-    assert (g1.task_key, c1.task_key) == ("b", None)
-    g0.task_key = None  # GPU 0 done measuring: it compiles "c" while GPU 1 still measures
+    assert (g1.task_key, c1.task_key) == ("b", "d")
+    compiled(c0)  # both GPUs busy: "c" waits compiled, "e" compiles meanwhile
+    assert (list(backend._measure_q), c0.task_key) == (["c"], "e")
+    g1.task_key = None  # GPU 1 done: the compiled candidate goes first
     backend._dispatch()
-    assert (c0.task_key, c1.task_key, g0.task_key, g1.task_key) == ("c", None, None, "b")
-    for d in (0, 1):  # the invariant behind it all
-        assert not ([h for h in (g0, g1) if h.busy and h.device_index == d]
-                    and [h for h in (c0, c1) if h.busy and h.device_index == d])
+    assert (g0.task_key, g1.task_key, list(backend._measure_q)) == ("a", "c", [])
 
 
 def test_pool_compile_workers_stay_on_one_problem(tmp_path):

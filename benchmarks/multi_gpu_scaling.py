@@ -1,0 +1,144 @@
+"""How well does a sweep scale over the GPUs of one host? The same sweep, run several ways (issue 10).
+
+Each mode is the ``moetune sweep`` command a user types, in its own process, with its own store and
+its own empty Triton cache (so each pays its own compiles, as a first sweep on a host does):
+
+- ``plain``: no ``--gpus``: one GPU, one point at a time;
+- ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver);
+- ``all``: ``--gpus all``: one measuring worker per GPU;
+- ``ray``: ``--ray``: a local Ray cluster, one actor per GPU.
+
+Reports wall time, time to the first stored row, rows, duplicates and statuses per mode; scaling
+efficiency = t(one) / (n * t(n GPUs)); per point, each mode's best time against the ``one`` run's
+(do the tables agree?). Writes ``scaling.json`` and each mode's store and log under ``--out`` and
+prints a table last. ``--smoke`` runs it on the tiny model through the interpreter.
+
+    python benchmarks/multi_gpu_scaling.py --out $OUT --modes one,all,ray,plain \\
+        -- -m deepseek-v4-flash --tp 1 -k fp4_prefill.gate_up --routes 768,1536,3072,6144,12288,24576 \\
+        --budget 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
+FLAGS = {"plain": [], "one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"]}
+
+
+def gpus_of(mode: str, count: int) -> int:
+    return count if mode in ("all", "ray") else 1
+
+
+def load(db: Path):
+    from moetune.store import Store
+
+    with Store(db, readonly=True) as s:
+        return s.frame()
+
+
+def summarize(mode: str, db: Path, wall: float, started: dt.datetime) -> dict:
+    rows = load(db)
+    searched = rows[rows["strategy"] != "remeasure"]
+    stamps = rows["timestamp"].map(dt.datetime.fromisoformat)
+    return {"mode": mode, "wall_s": round(wall, 1),
+            "first_row_s": round((stamps.min() - started).total_seconds(), 1) if len(rows) else None,
+            "last_row_s": round((stamps.max() - started).total_seconds(), 1) if len(rows) else None,
+            "rows": len(rows), "duplicates": int(searched.duplicated(POINT + ["config"]).sum()),
+            "statuses": searched["status"].value_counts().to_dict()}
+
+
+def best_per_point(db: Path) -> dict[str, tuple[float, str]]:
+    rows = load(db)
+    ok = rows[rows["status"] == "ok"]
+    best = {}
+    for key, g in ok.groupby(POINT):
+        mean = g.groupby("config")["time_ms"].mean()  # remeasured configs: their mean, as export does
+        best[json.dumps([str(k) for k in key])] = (float(mean.min()), str(mean.idxmin()))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--modes", default="one,all,ray,plain")
+    ap.add_argument("--limit-s", type=float, default=300, help="per mode: kill a sweep running longer")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, interpreter, plain mode only (the "
+                    "CLI's --gpus needs a GPU): checks this script")
+    ap.add_argument("sweep", nargs="*", help="arguments for moetune sweep (after --)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    sweep = args.sweep or ["-m", "deepseek-v4-flash", "--tp", "1", "-k", "fp4_prefill.gate_up",
+                           "--routes", "768,1536,3072,6144,12288,24576", "--budget", "24"]
+    if args.smoke:
+        env["TRITON_INTERPRET"] = "1"
+        sweep = ["-m", "tiny", "-k", "fp8_decode.gate_up", "--tokens", "1,2", "--active", "1",
+                 "--budget", "3"]
+        args.modes = "plain"
+    count = 0 if args.smoke else int(subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True, text=True, env=env).stdout.strip() or 0)
+    runs = []
+    for mode in args.modes.split(","):
+        flags = FLAGS[mode]
+        db = args.out / f"{mode}.sqlite"
+        db.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "moetune", "sweep", *sweep, "--seed", "0", "--db", str(db), "--quiet",
+               *flags]
+        started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix=f"tc_{mode}_") as cache:
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=args.limit_s,
+                                      env={**env, "TRITON_CACHE_DIR": cache})
+                log, rc = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                log, rc = f"{e.stdout or ''}{e.stderr or ''}\nkilled after {args.limit_s} s", "timeout"
+        wall = time.monotonic() - t0
+        (args.out / f"{mode}.log").write_text(" ".join(cmd) + "\n" + str(log))
+        print(f"== {mode}: rc {rc}, {wall:.1f} s\n{str(log)[-1500:]}", flush=True)
+        if db.exists():
+            runs.append({**summarize(mode, db, wall, started), "rc": rc, "gpus": gpus_of(mode, count)})
+
+    by_mode = {r["mode"]: r for r in runs}
+    base = by_mode.get("one")
+    bests = {r["mode"]: best_per_point(args.out / f"{r['mode']}.sqlite") for r in runs}
+    for r in runs:
+        if base and r["gpus"] > 1:
+            r["efficiency"] = round(base["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
+        if "one" in bests:  # each point's best against the one-GPU run's best
+            mine = bests[r["mode"]]
+            ratios = [mine[k][0] / t for k, (t, _) in bests["one"].items() if k in mine]
+            same = [mine[k][1] == c for k, (_, c) in bests["one"].items() if k in mine]
+            r["best_vs_one"] = [round(x, 4) for x in ratios]
+            r["same_winner"] = sum(same)
+    (args.out / "scaling.json").write_text(json.dumps({"sweep": sweep, "gpus_seen": count, "runs": runs,
+                                                       "bests": bests}, indent=1, default=str))
+    print(f"\nmoetune sweep {' '.join(sweep)}  (GPUs on this host: {count}; each mode with an empty Triton "
+          "cache)")
+    print(f"{'mode':6} {'gpus':>4} {'wall s':>7} {'1st row s':>9} {'rows':>5} {'dup':>4} {'ok':>4} "
+          f"{'eff':>6} {'best/one min..max':>18} {'same winner':>11}")
+    for r in runs:
+        ratios = r.get("best_vs_one") or []
+        span = f"{min(ratios):.3f}..{max(ratios):.3f}" if ratios else "-"
+        eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
+        print(f"{r['mode']:6} {r['gpus']:>4} {r['wall_s']:>7} {r['first_row_s']!s:>9} {r['rows']:>5} "
+              f"{r['duplicates']:>4} {r['statuses'].get('ok', 0):>4} {eff:>6} {span:>18} "
+              f"{r.get('same_winner', '-')!s:>6}/{len(ratios)}")
+
+
+if __name__ == "__main__":
+    main()
