@@ -129,26 +129,31 @@ class LocalBackend:
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}  # key -> (task, label), until its result
         self._compile_q: collections.deque = collections.deque()
         self._measure_q: collections.deque = collections.deque()
+        self._prefetch_q: collections.deque = collections.deque()  # guessed tasks, compiled when idle
+        self._prefetching: set = set()
         self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
 
     @property
     def workers(self) -> list[str]:
         return [h.name for h in self.measurers]
 
-    def start(self) -> DeviceInfo:
-        for h in self.measurers:
+    def launch(self) -> None:
+        """Start every worker process without waiting for it (start() waits)."""
+        if self.jobs is None:  # a GPU: every core but the measurers' compiles; the interpreter: none
+            self.jobs = 0 if interpreter_active() else max(1, (os.cpu_count() or 1) - len(self.measurers))
+        if len(self.compilers) != self.jobs:
+            self.compilers = [WorkerHandle(f"compile{i}", self.devices[i % len(self.devices)], self.log_dir)
+                              for i in range(self.jobs)]
+        for h in self.measurers + self.compilers:
             if not h.alive:
                 h.launch()
+
+    def start(self) -> DeviceInfo:
+        self.launch()
         self.device, self.versions = same_device([h.wait_ready() for h in self.measurers], "--gpus")
         for h in self.measurers:
             self.states[h.name].where = (f"{self.device.name} cuda:{h.device_index}" if self.device.is_gpu
                                          else "cpu (interpreter)")
-        if self.jobs is None:  # a GPU: every core but the measurers' compiles; the interpreter: none
-            self.jobs = max(1, (os.cpu_count() or 1) - len(self.measurers)) if self.device.is_gpu else 0
-        self.compilers = [WorkerHandle(f"compile{i}", self.devices[i % len(self.devices)], self.log_dir)
-                          for i in range(self.jobs)]
-        for h in self.compilers:
-            h.launch()
         for h in self.compilers:
             h.wait_ready()
         return self.device
@@ -176,11 +181,27 @@ class LocalBackend:
                 self.states[h.name].current = label
         lock = str(self.log_dir / "inputs.lock")
         for h in self.compilers:
-            if not h.busy and self._compile_q:
+            if h.busy or not (self._compile_q or self._prefetch_q):
+                continue
+            if self._compile_q:
                 key = self._same_problem(h)
                 task = self._tasks[key][0]
-                self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
-                h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
+            else:  # nothing asked for: compile a guess ahead
+                task = self._prefetch_q.popleft()
+                key = ("prefetch", len(self._prefetching), id(task))
+                self._prefetching.add(key)
+            self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
+            h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
+
+    def idle_compilers(self) -> int:
+        """Compile workers with nothing to do once the queued compiles (asked and guessed) start."""
+        return sum(not h.busy for h in self.compilers) - len(self._compile_q) - len(self._prefetch_q)
+
+    def prefetch(self, task: dict[str, Any]) -> None:
+        """Compile a candidate the search will likely ask for (Triton's cache keeps the binary) on a
+        compile worker nothing else needs; nothing is measured or reported."""
+        self._prefetch_q.append(task)
+        self._dispatch()
 
     def _same_problem(self, h: WorkerHandle) -> Any:
         """The next compile task for ``h``: one of the problem it compiled last if queued (a compile
@@ -207,6 +228,9 @@ class LocalBackend:
             if got is None:
                 continue
             key, res = got
+            if key in self._prefetching:  # a guess compiled (or not): nobody waits for it
+                self._prefetching.discard(key)
+                continue
             if h.name in measurers:
                 self.states[h.name].current = None
             elif res["status"] == "ok":
@@ -267,10 +291,13 @@ class ParallelSweep(Sweep):
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
         searches = [_Search(i, pt) for i, pt in enumerate(self.points)]
         inflight: dict[Any, tuple[_Search, Config]] = {}
+        self._prefetched: set[tuple[int, str]] = set()
         try:
             while True:
                 if not self._out_of_time():
                     self._fill(searches, inflight)
+                    if hasattr(self.runner, "prefetch"):
+                        self._prefetch(searches)
                 if not inflight:
                     break
                 for key, res, worker in self.runner.poll():
@@ -307,6 +334,26 @@ class ParallelSweep(Sweep):
                     free -= 1
             if free <= 0:
                 return
+
+    def _prefetch(self, searches: list[_Search]) -> None:
+        """Idle compile workers build what the searches will likely ask for next, so a batch chosen
+        from the last results finds its binaries cached instead of waiting seconds for the compiler."""
+        idle = self.runner.idle_compilers()
+        active = [s for s in searches if s.strategy is not None and not s.finished and s.finals is None]
+        if idle <= 0 or not active:
+            return
+        share = -(-idle // len(active))
+        for s in active:
+            pt = s.point
+            for config in s.strategy.upcoming(4 * share):  # deeper than the share: some are compiled
+                key = (s.index, canonical_json(config))
+                if key in self._prefetched:
+                    continue
+                self._prefetched.add(key)
+                self.runner.prefetch(measure_task(pt.spec, pt.problem, config, self.seed))
+                idle -= 1
+                if idle <= 0:
+                    return
 
     def _next(self, s: _Search, free: int) -> list[Config]:
         pt = s.point

@@ -257,6 +257,12 @@ class Runner:
         self._compiled: dict[tuple[str, str], dict[str, Any]] = {}  # (problem, config) -> compile result
         self._compiling: set[tuple[str, str]] = set()
 
+    def launch(self) -> None:
+        """Start the measuring process without waiting for it (start() waits)."""
+        for h in self.measurer.handles:
+            if not h.alive:
+                h.launch()
+
     def start(self) -> DeviceInfo:
         hello = self.measurer.start()
         self.device = DeviceInfo(**hello["device"])

@@ -84,7 +84,8 @@ class FakeBackend:
             cfg = task["config"]
             self.ran.append((task["problem"].tokens, canonical_json(cfg)))
             t = 1.0 + (hash(canonical_json(cfg)) % 97) / 10
-            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, self.workers[len(out) % len(self.workers)]))
+            worker = self.workers[len(out) % len(self.workers)]
+            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, worker))
             if len(out) == 2:  # results arrive a few at a time
                 break
         return out
@@ -133,6 +134,27 @@ def test_adaptive_strategies_get_the_same_batches_whatever_the_worker_count(tmp_
     assert sum(k for _, k in sizes) == len(rows) - 2  # everything proposed was measured, defaults aside
     for t in (1, 16):
         assert rows[rows["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
+
+
+def test_driver_hands_idle_compile_workers_fresh_guesses_and_stores_only_measurements(tmp_path):
+    class Prefetching(FakeBackend):
+        guesses: list = []
+
+        def idle_compilers(self):
+            return 3
+
+        def prefetch(self, task):
+            self.guesses.append((task["problem"].tokens, canonical_json(task["config"])))
+
+    backend = Prefetching(2)
+    problems = _problems("test.steady_wide", [1, 2])
+    with Store(tmp_path / "r.sqlite") as store:
+        ParallelSweep(store, backend, strategy="coordinate", budget=20, seed=1).run(problems)
+        rows = store.frame()
+    assert backend.guesses and len(set(backend.guesses)) == len(backend.guesses)  # each guess once
+    assert len(rows) == len(backend.ran)  # guesses were compiled, never measured or stored
+    measured = set(zip(rows["tokens"], rows["config"], strict=True))
+    assert len(measured & set(backend.guesses)) >= len(backend.guesses) // 4  # and often right
 
 
 def test_driver_runs_the_final_remeasurement_once(tmp_path):
@@ -193,6 +215,23 @@ def test_pool_compiles_ahead_while_the_gpus_measure(tmp_path):
     g1.task_key = None  # GPU 1 done: the compiled candidate goes first
     backend._dispatch()
     assert (g0.task_key, g1.task_key, list(backend._measure_q)) == ("a", "c", [])
+
+
+def test_pool_compiles_guesses_only_on_idle_compile_workers(tmp_path):
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    g0, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("c0", 0), FakeHandle("c1", 0)
+    backend.measurers, backend.compilers = [g0], [c0, c1]
+    assert backend.idle_compilers() == 2
+    backend.prefetch({"mode": "measure", "guess": 1})
+    backend.prefetch({"mode": "measure", "guess": 2})
+    backend.prefetch({"mode": "measure", "guess": 3})
+    assert c0.task_key[0] == c1.task_key[0] == "prefetch" and backend.idle_compilers() == -1
+    backend.submit("a", {"mode": "measure"})  # asked for: before the waiting guess
+    c0.task_key = None
+    backend._prefetching.pop()
+    backend._dispatch()
+    assert c0.task_key == "a" and len(backend._prefetch_q) == 1 and g0.task_key is None
+    assert "a" in backend._tasks and not any(k[0] == "prefetch" for k in backend._tasks)
 
 
 def test_pool_compile_workers_stay_on_one_problem(tmp_path):

@@ -157,3 +157,25 @@ def test_model_measures_hints_first_and_learns_from_failures(points):
     s.observe([Observation(hints[0], "ok", 1.0, 0.01), Observation(hints[1], "compile_error")])
     idx, y = s._data()
     assert y[idx.index(p.index[canonical_json(hints[1])])] == y.max()  # a failure counts as slow
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
+def test_upcoming_guesses_fresh_candidates_and_often_the_next_batch(points, name):
+    p = points[1]
+    times = dict(zip(map(canonical_json, p.configs), p.time_ms, strict=True))
+    s = get_strategy(name)
+    s.start(SearchContext(None, p.problem, p.configs, [], budget=60, seed=3))
+    allowed, seen, hits, guessed = {canonical_json(c) for c in p.configs}, set(), 0, 0
+    while True:
+        guess = [canonical_json(c) for c in s.upcoming(8)]
+        assert set(guess) <= allowed and not set(guess) & seen and len(set(guess)) == len(guess)
+        assert [canonical_json(c) for c in s.upcoming(8)] == guess  # a guess proposes nothing
+        batch = s.propose(4)
+        if not batch:
+            break
+        keys = [canonical_json(c) for c in batch]
+        hits, guessed = hits + len(set(keys) & set(guess)), guessed + len(keys)
+        seen.update(keys)
+        s.observe([Observation(c, "ok", times[k], 0.01) for c, k in zip(batch, keys, strict=True)])
+    assert s.upcoming(8) == []  # budget spent: nothing more to compile
+    assert hits >= guessed // 4  # the guesses are worth compiling ahead

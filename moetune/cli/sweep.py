@@ -174,10 +174,12 @@ def sweep(
             raise ValueError(f"--budget must be >= 1, got {budget}")
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
-        points = plan_points(plan.problems, device)
         runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
                                      ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs)
+        if hasattr(runner, "launch"):  # worker processes import torch and Triton while the space is planned
+            runner.launch()
         try:
+            points = plan_points(plan.problems, device)
             store = Store(db)
         except ValueError:
             runner.close()

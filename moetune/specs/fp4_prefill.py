@@ -8,6 +8,7 @@ and cached); with ``A_LAYOUT = "gathered"`` the one-launch row gather is timed w
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -118,6 +119,19 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     return max(pipeline + acts + weights + xs + small, min(4 * bm * bn, 64 * 1024))
 
 
+@functools.lru_cache(maxsize=1 << 18)
+def _config_check(gemm: str, items: tuple) -> tuple[str | None, dict[str, Any], int]:
+    """The problem-independent half of the constraint, cached: a sweep plans the same space of
+    ~10^5 configs at every density, and checking a config is most of the planning time."""
+    try:
+        cfg = normalize_config(dict(items), gemm)
+    except ValueError as e:
+        return str(e), {}, 0
+    if cfg["DECODE"] == "fp8_scaled" and cfg["UNPACK"] in ("asm16", "halves"):
+        return "DECODE fp8_scaled decodes to e4m3 bytes: UNPACK asm16/halves would run as asm", cfg, 0
+    return None, cfg, smem_bytes(cfg)
+
+
 def _next_pow2(v: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(v, 1))))
 
@@ -187,19 +201,18 @@ class Fp4PrefillSpec(KernelSpec):
 
     def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
         try:
-            cfg = normalize_config(config, self.gemm)
-        except ValueError as e:
-            return str(e)
+            reason, cfg, smem = _config_check(self.gemm, tuple(config.items()))
+        except TypeError:  # an unhashable value: not cacheable, and not a valid config either
+            reason, cfg, smem = _config_check.__wrapped__(self.gemm, tuple(config.items()))
+        if reason:
+            return reason
         shape = problem.shape
-        if cfg["DECODE"] == "fp8_scaled" and cfg["UNPACK"] in ("asm16", "halves"):
-            return "DECODE fp8_scaled decodes to e4m3 bytes: UNPACK asm16/halves would run as asm"
         if cfg["BLOCK_SIZE_K"] > shape["K"]:
             return f"BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} exceeds K {shape['K']}"
         if cfg["BLOCK_SIZE_N"] > max(16, _next_pow2(shape["N"])):
             return f"BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']} is larger than N {shape['N']} needs"
         if cfg["BLOCK_SIZE_M"] > max(16, 8 * _next_pow2(problem.density), 64):
             return f"BLOCK_SIZE_M {cfg['BLOCK_SIZE_M']} is far above {problem.density:.3g} rows per expert"
-        smem = smem_bytes(cfg)
         if smem > device.max_shared_mem:
             return f"needs ~{smem} bytes of shared memory, device allows {device.max_shared_mem}"
         return None

@@ -91,6 +91,11 @@ class Strategy:
         """Up to ``n`` not-yet-measured candidates from ``ctx.candidates``; [] when done."""
         raise NotImplementedError
 
+    def upcoming(self, n: int) -> list[Config]:
+        """Up to ``n`` unproposed candidates this strategy is likely to propose soon, proposing none:
+        a parallel driver compiles them ahead on idle cores (a guess; wrong ones only cost CPU)."""
+        return []
+
     def observe(self, results: Sequence[Observation]) -> None:
         """Results of proposed candidates (any order, possibly fewer than proposed)."""
         for o in results:

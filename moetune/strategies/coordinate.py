@@ -79,3 +79,14 @@ class CoordinateDescent(AdaptiveStrategy):
             else:
                 self._current = None  # converged: restart
         return []
+
+    def upcoming(self, n: int) -> list[Config]:
+        """The current config's unmeasured neighbours, then those of its fastest measured neighbours
+        (where the descent steps next)."""
+        if self._current is None or self.budget_left() <= 0:
+            return []
+        times = self.times()
+        cur = self._current
+        steps = sorted((j for j in self.space.neighbours(cur) if j in times), key=times.get)
+        guess = [i for j in [cur, *steps] for i in self.unmeasured(self.space.neighbours(j))]
+        return [self.space.candidates[i] for i in dict.fromkeys(guess)][:n]

@@ -42,6 +42,7 @@ SCALES = (0.15, 0.3, 0.6, 1.2, 2.5, 6.0)  # length-scale grid per feature (featu
 REFIT = 1.25  # refit the length scales when the data grew by this factor
 POOL = 1000  # most unmeasured candidates scored per batch
 MAX_TRAIN = 200  # most measurements the GP is fitted on: the fastest half, a seeded sample of the rest
+RANKED = 64  # candidates of the last acquisition kept as guesses for upcoming()
 
 
 def _norm_pdf(z: np.ndarray) -> np.ndarray:
@@ -112,6 +113,7 @@ class ModelGuided(AdaptiveStrategy):
         self._hints = hint_indices(self)
         self._scales = np.full(self.space.features.shape[1], 0.6)
         self._fitted_at = 0
+        self._ranked: list[int] = []  # the last acquisition's best candidates, best first
 
     # ---- the model -----------------------------------------------------------------------------------
     def _data(self) -> tuple[list[int], np.ndarray]:
@@ -154,6 +156,8 @@ class ModelGuided(AdaptiveStrategy):
             m, s = gp.predict(self.space.features[pool])
             z = (best - m) / s
             ei = (best - m) * _norm_cdf(z) + s * _norm_pdf(z)
+            if not picks:  # the runners-up of this batch: what the next batches likely hold
+                self._ranked = pool[np.argsort(-ei, kind="stable")[:RANKED]].tolist()
             j = int(np.argmax(ei))
             picks.append(int(pool[j]))
             x = np.vstack([x, self.space.features[pool[j]]])  # kriging believer: the pick at its mean
@@ -179,3 +183,16 @@ class ModelGuided(AdaptiveStrategy):
             if moves:
                 return self.take(moves, k)
         return self.take(self._model_picks(k), k)
+
+    def upcoming(self, n: int) -> list[Config]:
+        if self.budget_left() <= 0:
+            return []
+        total = self.search_budget()
+        used = total - self.budget_left()
+        guess = self.unmeasured(self._hints)
+        if used < EXPLORE * total:
+            guess += self.unmeasured(self._order[:math.ceil(EXPLORE * total) + n])
+        if used >= POLISH * total - n:
+            guess += self.local_moves()
+        guess += self.unmeasured(self._ranked)
+        return [self.space.candidates[i] for i in dict.fromkeys(guess)][:n]
