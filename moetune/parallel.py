@@ -18,6 +18,7 @@ and hands results back as they finish, from whichever worker ran them.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import shutil
 import tempfile
@@ -131,6 +132,7 @@ class LocalBackend:
         self._measure_q: collections.deque = collections.deque()
         self._prefetch_q: collections.deque = collections.deque()  # guessed tasks, compiled when idle
         self._prefetching: set = set()
+        self._prefetch_ids = itertools.count()
         self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
 
     @property
@@ -188,7 +190,7 @@ class LocalBackend:
                 task = self._tasks[key][0]
             else:  # nothing asked for: compile a guess ahead
                 task = self._prefetch_q.popleft()
-                key = ("prefetch", len(self._prefetching), id(task))
+                key = ("prefetch", next(self._prefetch_ids))
                 self._prefetching.add(key)
             self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
             h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
