@@ -6,7 +6,8 @@ its own empty Triton cache (so each pays its own compiles, as a first sweep on a
 - ``plain``: no ``--gpus``: one GPU, one point at a time;
 - ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver);
 - ``all``: ``--gpus all``: one measuring worker per GPU;
-- ``ray``: ``--ray``: a local Ray cluster, one actor per GPU.
+- ``ray``: ``--ray``: a local Ray cluster, one actor per GPU;
+- ``one-np``, ``all-np``: ``one`` and ``all`` with ``--no-prefetch`` (no compiling ahead of guesses).
 
 Reports wall time, time to the first stored row, rows, duplicates and statuses per mode; scaling
 efficiency = t(one) / (n * t(n GPUs)); per point, each mode's best time against the ``one`` run's
@@ -34,11 +35,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
-FLAGS = {"plain": [], "one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"]}
+FLAGS = {"plain": [], "one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"],
+         "one-np": ["--gpus", "0", "--no-prefetch"], "all-np": ["--gpus", "all", "--no-prefetch"]}
 
 
 def gpus_of(mode: str, count: int) -> int:
-    return count if mode in ("all", "ray") else 1
+    return count if mode.split("-")[0] in ("all", "ray") else 1
 
 
 def load(db: Path):
@@ -79,7 +81,8 @@ def main() -> None:
     ap.add_argument("sweep", nargs="*", help="arguments for moetune sweep (after --)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1",
            "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     sweep = args.sweep or ["-m", "deepseek-v4-flash", "--tp", "1", "-k", "fp4_prefill.gate_up",
                            "--routes", "768,1536,3072,6144,12288,24576", "--budget", "24"]
@@ -114,9 +117,9 @@ def main() -> None:
             runs.append({**summarize(mode, db, wall, started), "rc": rc, "gpus": gpus_of(mode, count)})
 
     by_mode = {r["mode"]: r for r in runs}
-    base = by_mode.get("one")
     bests = {r["mode"]: best_per_point(args.out / f"{r['mode']}.sqlite") for r in runs}
-    for r in runs:
+    for r in runs:  # against the one-GPU run with the same options (-np: no prefetch)
+        base = by_mode.get("one" + r["mode"][len(r["mode"].split("-")[0]):])
         if base and r["gpus"] > 1:
             r["efficiency"] = round(base["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
         if "one" in bests:  # each point's best against the one-GPU run's best

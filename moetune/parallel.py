@@ -279,7 +279,15 @@ class _Search:
 
 
 class ParallelSweep(Sweep):
-    """A :class:`Sweep` whose runner is a parallel backend (``capacity``/``submit``/``poll``/``workers``)."""
+    """A :class:`Sweep` whose runner is a parallel backend (``capacity``/``submit``/``poll``/``workers``).
+
+    ``prefetch``: idle compile workers compile what the strategies will likely propose next
+    (:meth:`Strategy.upcoming`), when the backend can (``prefetch``/``idle_compilers``).
+    """
+
+    def __init__(self, *args: Any, prefetch: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.prefetch = prefetch
 
     def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
         if self.runner.device is None:
@@ -298,7 +306,7 @@ class ParallelSweep(Sweep):
             while True:
                 if not self._out_of_time():
                     self._fill(searches, inflight)
-                    if hasattr(self.runner, "prefetch"):
+                    if self.prefetch and hasattr(self.runner, "prefetch"):
                         self._prefetch(searches)
                 if not inflight:
                     break

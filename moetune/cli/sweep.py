@@ -142,6 +142,8 @@ def sweep(
                                                   "the interpreter); with --ray, per actor")] = None,
     time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
                                                           "results (rerun to continue)")] = None,
+    prefetch: Annotated[bool, typer.Option(help="with --gpus: idle compile workers compile the candidates "
+                                               "the search will likely try next")] = True,
     gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
                                                   "such as 0,1 (one worker each)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="measure on Ray actors across a Ray cluster "
@@ -184,7 +186,9 @@ def sweep(
         except ValueError:
             runner.close()
             raise
-        sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit)
+        extra = {"prefetch": prefetch} if driver is not Sweep else {}
+        sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
+                    **extra)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
