@@ -7,7 +7,7 @@ its own empty Triton cache (so each pays its own compiles, as a first sweep on a
 - ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver);
 - ``all``: ``--gpus all``: one measuring worker per GPU;
 - ``ray``: ``--ray``: a local Ray cluster, one actor per GPU;
-- ``one-np``, ``all-np``: ``one`` and ``all`` with ``--no-prefetch`` (no compiling ahead of guesses).
+- ``one-pf``, ``all-pf``: ``one`` and ``all`` with ``--prefetch`` (compiling the search's guesses ahead).
 
 Reports wall time, time to the first stored row, rows, duplicates and statuses per mode; scaling
 efficiency = t(one) / (n * t(n GPUs)); per point, each mode's best time against the ``one`` run's
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 FLAGS = {"plain": [], "one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"],
-         "one-np": ["--gpus", "0", "--no-prefetch"], "all-np": ["--gpus", "all", "--no-prefetch"]}
+         "one-pf": ["--gpus", "0", "--prefetch"], "all-pf": ["--gpus", "all", "--prefetch"]}
 
 
 def gpus_of(mode: str, count: int) -> int:
@@ -118,7 +118,7 @@ def main() -> None:
 
     by_mode = {r["mode"]: r for r in runs}
     bests = {r["mode"]: best_per_point(args.out / f"{r['mode']}.sqlite") for r in runs}
-    for r in runs:  # against the one-GPU run with the same options (-np: no prefetch)
+    for r in runs:  # against the one-GPU run with the same options (-pf: with --prefetch)
         base = by_mode.get("one" + r["mode"][len(r["mode"].split("-")[0]):])
         if base and r["gpus"] > 1:
             r["efficiency"] = round(base["wall_s"] / (r["gpus"] * r["wall_s"]), 3)

@@ -282,10 +282,13 @@ class ParallelSweep(Sweep):
     """A :class:`Sweep` whose runner is a parallel backend (``capacity``/``submit``/``poll``/``workers``).
 
     ``prefetch``: idle compile workers compile what the strategies will likely propose next
-    (:meth:`Strategy.upcoming`), when the backend can (``prefetch``/``idle_compilers``).
+    (:meth:`Strategy.upcoming`), when the backend can (``prefetch``/``idle_compilers``). Off by
+    default: on two H200s (32 cores) it made a 6-point FP4 sweep slower, 99.7 vs 65.7 s on one GPU
+    (results/multi_gpu_x2.md): the extra compiles slow the measuring workers' host work more than
+    cached binaries save.
     """
 
-    def __init__(self, *args: Any, prefetch: bool = True, **kwargs: Any):
+    def __init__(self, *args: Any, prefetch: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.prefetch = prefetch
 

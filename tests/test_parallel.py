@@ -149,7 +149,7 @@ def test_driver_hands_idle_compile_workers_fresh_guesses_and_stores_only_measure
     backend = Prefetching(2)
     problems = _problems("test.steady_wide", [1, 2])
     with Store(tmp_path / "r.sqlite") as store:
-        ParallelSweep(store, backend, strategy="coordinate", budget=20, seed=1).run(problems)
+        ParallelSweep(store, backend, strategy="coordinate", budget=20, seed=1, prefetch=True).run(problems)
         rows = store.frame()
     assert backend.guesses and len(set(backend.guesses)) == len(backend.guesses)  # each guess once
     assert len(rows) == len(backend.ran)  # guesses were compiled, never measured or stored

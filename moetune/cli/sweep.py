@@ -143,7 +143,8 @@ def sweep(
     time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
                                                           "results (rerun to continue)")] = None,
     prefetch: Annotated[bool, typer.Option(help="with --gpus: idle compile workers compile the candidates "
-                                               "the search will likely try next")] = True,
+                                               "the search will likely try next (slower on the H200 "
+                                               "host measured)")] = False,
     gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
                                                   "such as 0,1 (one worker each)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="measure on Ray actors across a Ray cluster "
