@@ -136,6 +136,16 @@ class KernelSpec:
         BLOCK_SIZE_K, shared memory over the device's limit, tiles far larger than the problem.
         """
         try:
+            key = tuple(config.items())
+            checked = self.__dict__.setdefault("_checked", {})
+            if key not in checked:  # a sweep checks the same ~10^4 configs at every density
+                checked[key] = self._check_reason(config)
+            return checked[key]
+        except TypeError:  # unhashable values: check without the cache
+            return self._check_reason(config)
+
+    def _check_reason(self, config: Config) -> str | None:
+        try:
             self.check_config(config)
         except ValueError as e:
             return str(e)

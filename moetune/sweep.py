@@ -42,6 +42,7 @@ class Point:
     best: Observation | None = None
     baseline: Observation | None = None  # the default's measurement
     keys: frozenset = frozenset()  # canonical JSON of every candidate (membership without re-encoding)
+    candidate_keys: list[str] | None = None  # the same, in candidate order (strategies index by it)
 
     def note(self, obs: Observation) -> None:
         if obs.ok and (self.best is None or obs.time_ms < self.best.time_ms):
@@ -92,7 +93,7 @@ def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Point:
     if not cands:
         raise ValueError(f"{problem.describe()}: no candidate config passes the constraints "
                          f"({pruned} pruned)")
-    return Point(spec, problem, cands, pruned, dict(spec.default), keys=frozenset(keys))
+    return Point(spec, problem, cands, pruned, dict(spec.default), keys=frozenset(keys), candidate_keys=keys)
 
 
 def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
@@ -239,7 +240,7 @@ class Sweep:
             return
         strategy = get_strategy(self.strategy)
         strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
-                                     hints, self.budget, self.seed))
+                                     hints, self.budget, self.seed, pt.candidate_keys))
         # A strategy that does not learn from results can propose the next batch before this one is
         # measured, so the compile workers build it meanwhile (proposed configs are never re-proposed).
         early = not isinstance(strategy, AdaptiveStrategy)

@@ -62,3 +62,23 @@ def test_unknown_config_key_is_pruned_with_its_name():
 
     reason = s.constraint({**s.default, "BLOCK_SIZE_Q": 4}, problem, INTERPRETER)
     assert reason is not None and "BLOCK_SIZE_Q" in reason
+
+
+def test_config_checks_are_cached_per_config_and_still_exact():
+    from moetune.device import INTERPRETER
+
+    class Counting(_ThirdParty):
+        calls = 0
+
+        def check_config(self, config):
+            type(self).calls += 1
+            super().check_config(config)
+
+    s = Counting()
+    problem = s.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, tokens=4)
+    for _ in range(3):  # three densities of a sweep: one check
+        assert s.constraint(dict(s.default), problem, INTERPRETER) is None
+        assert "BLOCK_SIZE_Q" in s.constraint({**s.default, "BLOCK_SIZE_Q": 4}, problem, INTERPRETER)
+    assert Counting.calls == 2
+    unhashable = {**s.default, "BLOCK_SIZE_Q": [4]}
+    assert "BLOCK_SIZE_Q" in s.constraint(unhashable, problem, INTERPRETER)

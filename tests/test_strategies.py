@@ -93,6 +93,21 @@ def test_neighbours_are_one_step_along_one_parameter(points):
     assert np.all((space.features >= 0) & (space.features <= 1))
 
 
+def test_space_features_by_hand_and_keys_handed_in():
+    configs = [{"BM": 16, "mode": "a", "w": 4}, {"BM": 64, "mode": "b", "w": 4},
+               {"BM": 32, "mode": "a", "w": 4}]
+    space = Space(configs)
+    assert space.values == {"BM": [16, 32, 64], "mode": ["a", "b"]}  # w never varies: no feature
+    r = 1 / np.sqrt(2)
+    assert np.allclose(space.features, [[0, r, 0], [1, 0, r], [0.5, r, 0]])  # log2 scaled; one-hot
+    given = Space(configs, [canonical_json(c) for c in configs])
+    assert given.keys == space.keys and np.array_equal(given.features, space.features)
+    with pytest.raises(ValueError, match="2 keys for 3 candidates"):
+        Space(configs, space.keys[:2])
+    mixed = Space([{"BM": 16}, {"BM": 32, "extra": 1}, {"BM": 32, "extra": 2}])  # key sets differ
+    assert mixed.values == {"BM": [16, 32], "extra": [None, 1, 2]}
+
+
 def test_final_remeasurement_is_interleaved_and_within_budget(points):
     p = points[1]
     s = get_strategy("model")

@@ -29,6 +29,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 _ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
 
 
+def _next_pow2(v: int) -> int:
+    """triton.next_power_of_2 without its JIT-function call overhead (planning calls it ~10^6 times)."""
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
 class _Fp8DecodeGemm(KernelSpec):
     gemm = ""
     space = {
@@ -82,14 +87,14 @@ class _Fp8DecodeGemm(KernelSpec):
             return "FUSE is a layer option (activation / top_k sum fused in), not a GEMM config"
         if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
             return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
-        if bn > max(16, triton.next_power_of_2(n)):
+        if bn > max(16, _next_pow2(n)):
             return f"BLOCK_SIZE_N {bn} is wider than N {n}"
-        if bk > max(128, triton.next_power_of_2(k)):
+        if bk > max(128, _next_pow2(k)):
             return f"BLOCK_SIZE_K {bk} is longer than K {k}"
         k_blocks = -(-k // bk)  # not triton.cdiv: a JIT-function call per candidate slows planning
         if cfg["SPLIT_K"] > k_blocks:
             return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {k_blocks} K blocks"
-        if cfg["ALGO"] != "route" and bm > max(16, triton.next_power_of_2(max(1, problem.routes))):
+        if cfg["ALGO"] != "route" and bm > max(16, _next_pow2(problem.routes)):
             return f"BLOCK_SIZE_M {bm} exceeds the {problem.routes} routes"
         a_bytes = DTYPES[problem.shape["dtype"]].itemsize
         if cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny

@@ -49,7 +49,7 @@ class AdaptiveStrategy(Strategy):
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
-        self.space = Space(ctx.candidates)
+        self.space = Space(ctx.candidates, ctx.keys)
         self.total = self.planned(len(ctx.candidates), ctx.budget)
         rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
         self.rounds = rounds

@@ -61,6 +61,7 @@ class SearchContext:
     hints: list[Config] = field(default_factory=list)  # e.g. best configs at neighbouring densities
     budget: int | None = None  # most measurements at this point, those already stored included
     seed: int = 0
+    keys: list[str] | None = None  # the candidates' canonical JSON, when the caller has it already
 
     def remaining_budget(self, measured: int) -> int:
         return len(self.candidates) + 1 if self.budget is None else max(0, self.budget - measured)

@@ -23,37 +23,43 @@ def _numeric(v: object) -> bool:
 class Space:
     """Ordered values per parameter, a key index, features and one-step neighbours of candidates."""
 
-    def __init__(self, candidates: Sequence[Config]):
+    def __init__(self, candidates: Sequence[Config], keys: Sequence[str] | None = None):
+        """``keys``: the candidates' canonical JSON, if the caller has it (a sweep's plan does)."""
         if not candidates:
             raise ValueError("candidates must not be empty")
+        if keys is not None and len(keys) != len(candidates):
+            raise ValueError(f"{len(keys)} keys for {len(candidates)} candidates")
         self.candidates = list(candidates)
-        self.keys = [canonical_json(c) for c in self.candidates]
+        self.keys = list(keys) if keys is not None else [canonical_json(c) for c in self.candidates]
         self.index = {k: i for i, k in enumerate(self.keys)}
-        params: dict[str, list] = {}
-        for c in self.candidates:
-            for p, v in c.items():
-                seen = params.setdefault(p, [])
-                if v not in seen:
-                    seen.append(v)
+        names = dict.fromkeys(p for c in self.candidates[:1] for p in c)
+        if any(c.keys() != names.keys() for c in self.candidates):  # mixed key sets: all of them
+            names = dict.fromkeys(p for c in self.candidates for p in c)
+        columns = {p: [c.get(p) for c in self.candidates] for p in names}
+        params = {p: dict.fromkeys(col) for p, col in columns.items()}  # values in order of first use
         # only parameters that vary matter; numeric ones ordered by value, categorical by first use
-        self.values = {p: (sorted(vs) if all(_numeric(v) for v in vs) else vs)
+        self.values = {p: (sorted(vs) if all(_numeric(v) for v in vs) else list(vs))
                        for p, vs in params.items() if len(vs) > 1}
         self.numeric = {p for p, vs in self.values.items() if all(_numeric(v) for v in vs)}
-        self.features = self._encode(self.candidates)
+        self.features = self._encode(columns)
 
-    def _encode(self, configs: Sequence[Config]) -> np.ndarray:
+    def _encode(self, columns: dict[str, list]) -> np.ndarray:
         """log2 of numeric values scaled to [0, 1]; one-hot categoricals scaled so a mismatch counts 1."""
         cols = []
         for p, vs in self.values.items():
+            column = columns[p]
             if p in self.numeric:
                 pos = all(v > 0 for v in vs)
-                x = np.array([math.log2(c[p]) if pos else float(c[p]) for c in configs])
+                x = np.array(column, dtype=float)
+                x = np.log2(x) if pos else x
                 lo, hi = (math.log2(vs[0]), math.log2(vs[-1])) if pos else (vs[0], vs[-1])
                 cols.append((x - lo) / (hi - lo))
             else:
-                for v in vs:
-                    cols.append(np.array([float(c.get(p) == v) for c in configs]) / math.sqrt(2))
-        return np.stack(cols, axis=1) if cols else np.zeros((len(configs), 1))
+                code = {v: i for i, v in enumerate(vs)}
+                at = np.array([code.get(v, -1) for v in column])
+                onehot = (at[:, None] == np.arange(len(vs))[None, :]).astype(float) / math.sqrt(2)
+                cols.extend(onehot.T)
+        return np.stack(cols, axis=1) if cols else np.zeros((len(self.candidates), 1))
 
     def neighbours(self, i: int) -> list[int]:
         """Candidates one step away from candidate ``i`` along one parameter (skipping values the
