@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import statistics
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -182,7 +183,9 @@ def sweep(
         if hasattr(runner, "launch"):  # worker processes import torch and Triton while the space is planned
             runner.launch()
         try:
+            t_plan = time.monotonic()
             points = plan_points(plan.problems, device)
+            startup = {"planned": time.monotonic() - t_plan}
             store = Store(db)
         except ValueError:
             runner.close()
@@ -203,13 +206,21 @@ def sweep(
     display = None
     if not quiet:  # several workers: one row each
         display = Display(interpreter) if driver is Sweep else WorkerDisplay(interpreter, runner)
-    sw.on_event = display.on_event if display else sw.on_event
+    shown = display.on_event if display else sw.on_event
+
+    def on_event(kind: str, **kw: Any) -> None:
+        if kind == "result" and "first result" not in startup:
+            startup["first result"] = time.monotonic() - t_plan
+        shown(kind, **kw)
+
+    sw.on_event = on_event
     interrupted = False
     try:
         if display:
             display.__enter__()
         try:
             runner.start()
+            startup["workers ready"] = time.monotonic() - t_plan
             sw.run()
         except KeyboardInterrupt:
             interrupted = True
@@ -228,6 +239,8 @@ def sweep(
     if sw.overhead_ms:
         extra = f"; tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)"
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id}){extra}")
+    steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
+    console.print(f"start-up, s after planning began: {steps}")
     if sw.timed_out:
         console.print(f"[yellow]time limit:[/] stopped after {time_limit:g} s; rerun to continue")
     if interrupted:
