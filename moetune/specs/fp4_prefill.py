@@ -132,6 +132,12 @@ def _config_check(gemm: str, items: tuple) -> tuple[str | None, dict[str, Any], 
     return None, cfg, smem_bytes(cfg)
 
 
+@functools.lru_cache(maxsize=4096)
+def _tile_bounds(n: int, density: float) -> tuple[int, int]:
+    """Largest useful BLOCK_SIZE_N and BLOCK_SIZE_M for a problem (once per problem, not per config)."""
+    return max(16, _next_pow2(n)), max(16, 8 * _next_pow2(density), 64)
+
+
 def _next_pow2(v: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(v, 1))))
 
@@ -207,11 +213,12 @@ class Fp4PrefillSpec(KernelSpec):
         if reason:
             return reason
         shape = problem.shape
+        max_n, max_m = _tile_bounds(shape["N"], problem.density)
         if cfg["BLOCK_SIZE_K"] > shape["K"]:
             return f"BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} exceeds K {shape['K']}"
-        if cfg["BLOCK_SIZE_N"] > max(16, _next_pow2(shape["N"])):
+        if cfg["BLOCK_SIZE_N"] > max_n:
             return f"BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']} is larger than N {shape['N']} needs"
-        if cfg["BLOCK_SIZE_M"] > max(16, 8 * _next_pow2(problem.density), 64):
+        if cfg["BLOCK_SIZE_M"] > max_m:
             return f"BLOCK_SIZE_M {cfg['BLOCK_SIZE_M']} is far above {problem.density:.3g} rows per expert"
         if smem > device.max_shared_mem:
             return f"needs ~{smem} bytes of shared memory, device allows {device.max_shared_mem}"
