@@ -2,32 +2,48 @@
 
 A sweep checks thousands of candidates against the same expert weights (the tuner's weight pool
 reuses them across candidates and densities), so the dequantized fp32 copy is kept with the weights
-when it fits in a quarter of the device's free memory; otherwise each routed expert is dequantized
-on the fly. Either way only one host sync is made (the per-expert route counts), not one per expert.
+when it fits in a quarter of the device's free memory; otherwise the routed experts are dequantized
+on the fly, a chunk of experts per call. Either way only one host sync is made (the per-expert route
+counts), not one per expert.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 DQ_KEY = "_dequantized"  # where the fp32 copy lives in a weights dict
+CHUNK_BYTES = 1 << 30  # fp32 experts dequantized by one call (a few launches per chunk, not per expert)
+
+
+def _in_chunks(weights: dict[str, Any], dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+               experts: list[int]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(expert, its fp32 weights) for ``experts``, dequantized a chunk of experts per call."""
+    w, scale = weights["w"], weights["w_scale"]
+    per_expert = 4 * w[0].numel() * (2 if w.dtype == torch.uint8 else 1)  # packed fp4: two values a byte
+    group = max(1, CHUNK_BYTES // per_expert)
+    for i in range(0, len(experts), group):
+        sel = experts[i:i + group]
+        idx = torch.tensor(sel, device=w.device)
+        block = dequant(w.index_select(0, idx), scale.index_select(0, idx)).float()
+        yield from zip(sel, block, strict=True)
 
 
 def _dequantized_all(weights: dict[str, Any], dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
                      ) -> torch.Tensor | None:
     if DQ_KEY in weights:
         return weights[DQ_KEY]
-    w, scale = weights["w"], weights["w_scale"]
-    first = dequant(w[0], scale[0])
+    w = weights["w"]
+    first = dequant(w[:1], weights["w_scale"][:1])[0]
     free = torch.cuda.mem_get_info(w.device)[0] if w.is_cuda else 2 << 30
     full = None
     if w.shape[0] * first.numel() * 4 <= free // 4:
         full = torch.empty(w.shape[0], *first.shape, dtype=torch.float32, device=w.device)
-        for e in range(w.shape[0]):  # one expert at a time: no whole-tensor temporaries
-            full[e] = dequant(w[e], scale[e])
+        for e, dq in _in_chunks(weights, dequant, list(range(w.shape[0]))):
+            full[e] = dq
     weights[DQ_KEY] = full
     return full
 
@@ -42,12 +58,12 @@ def routed_matmul(a: torch.Tensor, ids: torch.Tensor, row_div: int, weights: dic
     active = (ids >= 0).nonzero().squeeze(1)
     order = active[ids[active].argsort(stable=True)]
     experts, counts = torch.unique_consecutive(ids[order], return_counts=True)
+    experts, counts = experts.tolist(), counts.tolist()
+    starts = dict(zip(experts, itertools.accumulate([0] + counts), strict=False))
     full = _dequantized_all(weights, dequant)
+    pairs = ((e, full[e]) for e in experts) if full is not None else _in_chunks(weights, dequant, experts)
     a = a.float()
-    start = 0
-    for e, c in zip(experts.tolist(), counts.tolist(), strict=True):
-        routes = order[start:start + c]
-        start += c
-        w = full[e] if full is not None else dequant(weights["w"][e], weights["w_scale"][e]).float()
+    for (e, w), c in zip(pairs, counts, strict=True):
+        routes = order[starts[e]:starts[e] + c]
         out[routes] = a[routes // row_div] @ w.T
     return out
