@@ -15,7 +15,7 @@ set -u
 : "${OUT:?set OUT to a folder for the results}"
 BUDGET=${BUDGET:-24}
 LIMIT=${LIMIT:-200}
-GPUS=${GPUS-all}  # empty: the plain one-GPU sweep
+GPUS=${GPUS-all}  # empty: no --gpus (GPU 0, every point at once)
 DB=${DB:-$OUT/h200_tables.sqlite}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 # A sweep needs no collective; keep NVLink multicast off in case anything initialises NCCL.

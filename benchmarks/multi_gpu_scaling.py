@@ -3,8 +3,9 @@
 Each mode is the ``moetune sweep`` command a user types, in its own process, with its own store and
 its own empty Triton cache (so each pays its own compiles, as a first sweep on a host does):
 
-- ``plain``: no ``--gpus``: one GPU, one point at a time;
-- ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver);
+- ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver; since session 3 also
+  what no ``--gpus`` does on a GPU host; session 3's ``plain`` mode, one point at a time, was the
+  default then);
 - ``all``: ``--gpus all``: one measuring worker per GPU;
 - ``ray``: ``--ray``: a local Ray cluster, one actor per GPU;
 - ``one-pf``, ``all-pf``: ``one`` and ``all`` with ``--prefetch`` (compiling the search's guesses ahead).
@@ -14,7 +15,7 @@ efficiency = t(one) / (n * t(n GPUs)); per point, each mode's best time against 
 (do the tables agree?). Writes ``scaling.json`` and each mode's store and log under ``--out`` and
 prints a table last. ``--smoke`` runs it on the tiny model through the interpreter.
 
-    python benchmarks/multi_gpu_scaling.py --out $OUT --modes one,all,ray,plain \\
+    python benchmarks/multi_gpu_scaling.py --out $OUT --modes one,all,ray \\
         -- -m deepseek-v4-flash --tp 1 -k fp4_prefill.gate_up --routes 768,1536,3072,6144,12288,24576 \\
         --budget 24
 """
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
-FLAGS = {"plain": [], "one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"],
+FLAGS = {"one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"],
          "one-pf": ["--gpus", "0", "--prefetch"], "all-pf": ["--gpus", "all", "--prefetch"]}
 
 
@@ -74,10 +75,10 @@ def best_per_point(db: Path) -> dict[str, tuple[float, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--modes", default="one,all,ray,plain")
+    ap.add_argument("--modes", default="one,all,ray")
     ap.add_argument("--limit-s", type=float, default=300, help="per mode: kill a sweep running longer")
-    ap.add_argument("--smoke", action="store_true", help="tiny model, interpreter, plain mode only (the "
-                    "CLI's --gpus needs a GPU): checks this script")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, interpreter, no --gpus (the CLI's "
+                    "--gpus needs a GPU): checks this script")
     ap.add_argument("sweep", nargs="*", help="arguments for moetune sweep (after --)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -90,13 +91,16 @@ def main() -> None:
         env["TRITON_INTERPRET"] = "1"
         sweep = ["-m", "tiny", "-k", "fp8_decode.gate_up", "--tokens", "1,2", "--active", "1",
                  "--budget", "3"]
-        args.modes = "plain"
+        args.modes = "cpu"
     count = 0 if args.smoke else int(subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
         capture_output=True, text=True, env=env).stdout.strip() or 0)
     runs = []
+    unknown = [m for m in args.modes.split(",") if m not in FLAGS and not args.smoke]
+    if unknown:
+        ap.error(f"unknown mode(s) {unknown}; known: {sorted(FLAGS)}")
     for mode in args.modes.split(","):
-        flags = FLAGS[mode]
+        flags = FLAGS.get(mode, [])
         db = args.out / f"{mode}.sqlite"
         db.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "moetune", "sweep", *sweep, "--seed", "0", "--db", str(db), "--quiet",

@@ -40,9 +40,14 @@ def test_parse_gpus_rejects(text, count, match):
 
 def test_make_runner_picks_the_backend(monkeypatch):
     monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
-    runner, driver = make_runner()  # no option: the plain sweep
+    runner, driver = make_runner()  # no option on a GPU host: every point at once on GPU 0
+    assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [0]
+    runner.close()
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 0)
+    runner, driver = make_runner()  # no GPU: the plain sweep through the interpreter
     assert type(runner) is Runner and driver is Sweep
     runner.close()
+    monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
     runner, driver = make_runner(gpus="2")  # one GPU named: every point at once, on that GPU
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [2]
     runner.close()
