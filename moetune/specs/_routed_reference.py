@@ -38,7 +38,10 @@ def _dequantized_all(weights: dict[str, Any], dequant: Callable[[torch.Tensor, t
         return weights[DQ_KEY]
     w = weights["w"]
     first = dequant(w[:1], weights["w_scale"][:1])[0]
-    free = torch.cuda.mem_get_info(w.device)[0] if w.is_cuda else 2 << 30
+    free = 2 << 30
+    if w.is_cuda:  # memory this process's allocator holds unused is free for it too
+        free = (torch.cuda.mem_get_info(w.device)[0] + torch.cuda.memory_reserved(w.device)
+                - torch.cuda.memory_allocated(w.device))
     full = None
     if w.shape[0] * first.numel() * 4 <= free // 4:
         full = torch.empty(w.shape[0], *first.shape, dtype=torch.float32, device=w.device)
