@@ -143,7 +143,7 @@ def sweep(
                                                   "the interpreter); with --ray, per actor")] = None,
     time_limit: Annotated[float | None, typer.Option(help="stop after this many seconds, keeping all "
                                                           "results (rerun to continue)")] = None,
-    prefetch: Annotated[bool, typer.Option(help="with --gpus: idle compile workers compile the candidates "
+    prefetch: Annotated[bool, typer.Option(help="on a GPU: idle compile workers compile the candidates "
                                                "the search will likely try next (slower on the H200 "
                                                "host measured)")] = False,
     gpus: Annotated[str | None, typer.Option(help="GPUs of this host to measure on at once: all, or indices "
