@@ -133,8 +133,8 @@ def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: i
         spread = per["ok_spread"].where(per["ok"], per["spread"]).fillna(0.0).to_numpy(dtype=float)
         shape = json.loads(point["shape"])
         default = _default_for(point["kernel"])
-        if default is not None:
-            default = next((c for c in configs if all(c.get(k) == v for k, v in default.items())), None)
+        if default is not None:  # a key the data predates counts as the default's value (the resume rule)
+            default = next((c for c in configs if all(c.get(k, v) == v for k, v in default.items())), None)
         rp = RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
                       int(point["routes"]),
                       float(point["active_fraction"]), point["routing"], configs, status,

@@ -105,3 +105,15 @@ def test_cli_foreign_file(tmp_path):
     res = CliRunner().invoke(app, ["replay", "--data", str(bad)])
     assert res.exit_code != 0 and "not a moetune results database" in res.output
     assert "Traceback" not in res.output
+
+
+def test_the_default_is_found_in_data_older_than_the_specs_latest_keys():
+    from moetune.spec import canonical_json, get_spec
+
+    points = load_points("results/reference/reference.csv.gz", min_candidates=20)
+    p = points[0]
+    default = get_spec(p.kernel).default
+    assert set(default) - set(p.configs[0])  # the H200 data predates keys the spec has now (A_FP8, FUSE)
+    assert p.default is not None and all(p.default.get(k, v) == v for k, v in default.items())
+    r = replay_point(p, "coordinate", 1, seed=0)  # a budget of one: the default, measured first
+    assert r["measurements"] == 1 and r["winner"] == canonical_json(p.default)
