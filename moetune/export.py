@@ -113,7 +113,9 @@ class _Rows:
                 spec.check_config(config)
         except (TypeError, ValueError) as e:
             return self.bad(rid, "config", str(e))
-        out = dict(row, spec=spec, shape=shape, config=config)
+        # A key the row predates counts as the default's value (the sweep's resume rule), so old and
+        # new rows of one config pool, and the default is recognised in either form.
+        out = dict(row, spec=spec, shape=shape, config={**spec.default, **config})
         if row["status"] != "ok":
             return out
         for col in ("time_ms", "routes", "tokens"):

@@ -62,6 +62,19 @@ def test_best_within_noise_of_the_default_keeps_the_default(tmp_path):
     assert got[4.0]["config"] == cfg(16) and got[4.0]["speedup"] == pytest.approx(2.0 / 1.9, rel=1e-3)
 
 
+def test_rows_older_than_a_key_count_as_its_default_and_pool_with_new_ones(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    old_default = {k: v for k, v in DEFAULT.items() if k != "num_warps"}  # stored before num_warps existed
+    old_best = {k: v for k, v in cfg(16, w=8).items() if k != "num_warps"}
+    fill(db, [row(old_default, 2.0), row(old_best, 1.0), row(cfg(16, w=8), 1.2), row(cfg(32), 1.5)])
+    assert export(db, out).problems == []
+    doc = read(out)
+    (e,) = doc["entries"]
+    assert e["config"] == cfg(16, w=8) and e["default_ms"] == 2.0  # the default found in its old form
+    assert e["time_ms"] == pytest.approx(1.1, rel=0.1)  # old and new rows of one config pooled
+    assert doc["candidates"]["measured"] == 4 and doc["candidates"]["ok"] == 4
+
+
 def test_ties_within_noise_go_to_the_lower_spread(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.00, spread=0.10), row(cfg(32), 1.02, spread=0.01),
