@@ -2,15 +2,15 @@
 
 Ray places the actors (one GPU each, or a share of one with ``gpus_per_actor`` < 1
 so several actors use one GPU, their timings then disturbing each other); the
-driver hands each idle actor the next batch of tasks and takes results back as
-batches finish, so the sweep process stays the only writer of the store. Each
+driver keeps each actor supplied with tasks and takes results back one by one as
+they finish, so the sweep process stays the only writer of the store. Each
 actor runs the same spawned worker processes as a local sweep (:mod:`moetune.worker`:
 a compile stage, then one measuring process), on its own node, where the kernel
 compiles and runs: a candidate that aborts, segfaults or hangs takes down only
 that process, and the actor reports ``crash``/``timeout`` exactly as a local runner
 does and starts a new one. An actor that dies itself (its node lost, ``ray.kill``)
-loses only the batch it was running: those tasks go back to the front of the
-queue and a new actor takes its place. A candidate that has lost ``max_losses``
+loses only the tasks it held: they go back to the front of the queue and a new
+actor takes its place. A candidate that has lost ``max_losses``
 actors is recorded as a crash, so one that somehow kills its actor cannot stall
 the sweep.
 
@@ -20,6 +20,7 @@ Ray is an optional extra; every node needs moetune (and any plugin specs) instal
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import shutil
 import tempfile
@@ -34,6 +35,8 @@ from .runner import STARTUP_TIMEOUT_S, WorkerPool
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ray]'"
 MAX_LOSSES = 3
+AHEAD = 2  # tasks an actor holds per compile process: the next ones compile while one is measured
+COLLECT_WAIT_S = 0.5  # how long one collect() call waits for a result (tasks added meanwhile queue behind it)
 
 
 def import_ray() -> Any:
@@ -48,16 +51,18 @@ def import_ray() -> Any:
 class MeasureActor:
     """Lives in a Ray actor process: moetune worker processes on the GPU (share) Ray gave the actor.
 
-    A batch of tasks compiles on ``jobs`` processes at once (Triton warm-ups: binaries cached, nothing
-    run; one that fails there is final, as in :class:`Runner`), and each compiled candidate is
-    measured by one measuring process as soon as it compiled. Ray sets CUDA_VISIBLE_DEVICES for
-    the actor; its worker processes inherit it.
+    Tasks stream in (:meth:`add`) and results out (:meth:`collect`, which the driver keeps calling
+    while the actor has work): each compiles on one of ``jobs`` processes (Triton warm-ups: binaries
+    cached, nothing run; one that fails there is final, as in :class:`Runner`) and is measured by one
+    measuring process as soon as it compiled. Ray sets CUDA_VISIBLE_DEVICES for the actor; its
+    worker processes inherit it.
     """
 
     def __init__(self, name: str, jobs: int = 0):
         self.log_dir = Path(tempfile.mkdtemp(prefix="moetune-ray-"))
         self.measurer = WorkerPool(1, name, None, self.log_dir)
         self.compiler = WorkerPool(jobs, f"{name}-compile", None, self.log_dir) if jobs else None
+        self._tasks: dict[int, tuple[dict[str, Any], float]] = {}  # id -> (task, timeout) until its result
 
     def hello(self) -> dict[str, Any]:
         """The worker's device and versions, plus where this actor runs."""
@@ -69,31 +74,53 @@ class MeasureActor:
         return {**hello, "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
-    def run(self, tasks: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
-        """One result per task, in order; every way a candidate can end is a result (a worker it
-        kills is started again). Each candidate is measured as soon as it compiled, while the
-        others still compile (compiles are warm-ups: nothing of theirs runs on the GPU)."""
-        results: dict[int, dict[str, Any]] = {}
+    def add(self, tasks: list[tuple[int, dict[str, Any]]], timeout: float) -> None:
+        """Queue tasks (id, task) and return at once; :meth:`collect` drives them and hands results back."""
+        for tid, task in tasks:
+            self._tasks[tid] = (task, timeout)
         if self.compiler is None:
-            results.update(self.measurer.run(list(enumerate(tasks)), timeout))
-            return [results[i] for i in range(len(tasks))]
-        lock = str(self.log_dir / "inputs.lock")
-        self.compiler.add([(i, {**t, "mode": "compile", "lock": lock}) for i, t in enumerate(tasks)],
-                          2 * timeout)
-        pools = (self.compiler, self.measurer)
-        while len(results) < len(tasks):
-            for p in pools:
+            self.measurer.add(tasks, timeout)
+        else:
+            lock = str(self.log_dir / "inputs.lock")
+            self.compiler.add([(tid, {**t, "mode": "compile", "lock": lock}) for tid, t in tasks],
+                              2 * timeout)
+        self._pump()
+
+    def collect(self, wait_s: float) -> list[tuple[int, dict[str, Any]]]:
+        """(id, result) of the tasks that ended, waiting up to ``wait_s`` for the first; every way a
+        candidate can end is a result (a worker it kills is started again). A compiled candidate goes
+        to the measuring process at once, while the others still compile (compiles are warm-ups:
+        nothing of theirs runs on the GPU)."""
+        end = time.monotonic() + wait_s
+        while True:
+            done = self._harvest()
+            if done or not self._tasks or time.monotonic() >= end:
+                return done
+            pools = [p for p in (self.compiler, self.measurer) if p is not None]
+            left = min(end, *(p.next_deadline() for p in pools)) - time.monotonic()
+            wait([w for p in pools for w in p.waitables()], max(0.0, left) + 0.01)
+
+    def _pump(self) -> None:
+        for p in (self.compiler, self.measurer):
+            if p is not None:
                 p.pump()
-            deadline = min(p.next_deadline() for p in pools)
-            wait([w for p in pools for w in p.waitables()], max(0.0, deadline - time.monotonic()) + 0.01)
-            for i, res in self.compiler.harvest():
+
+    def _harvest(self) -> list[tuple[int, dict[str, Any]]]:
+        done = []
+        if self.compiler is not None:
+            for tid, res in self.compiler.harvest():
                 if res["status"] == "ok":
-                    self.measurer.add([(i, tasks[i])], timeout)
+                    task, timeout = self._tasks[tid]
+                    self.measurer.add([(tid, task)], timeout)
                 else:
                     res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
-                    results[i] = res
-            results.update(self.measurer.harvest())
-        return [results[i] for i in range(len(tasks))]
+                    done.append((tid, res))
+        self._pump()
+        done += self.measurer.harvest()
+        self._pump()
+        for tid, _ in done:
+            self._tasks.pop(tid, None)
+        return done
 
     def close(self) -> None:
         self.measurer.stop()
@@ -135,8 +162,9 @@ class RayBackend:
         self._own_cluster = False
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}
         self._queue: collections.deque = collections.deque()
-        self._running: dict[Any, tuple[list[Any], int]] = {}  # object ref -> (keys, actor slot)
-        self._busy: set[int] = set()
+        self._pending: collections.defaultdict = collections.defaultdict(dict)  # slot -> {task id: key}
+        self._collecting: dict[Any, int] = {}  # the one collect() call in flight per busy actor -> slot
+        self._ids = itertools.count()
         self.losses: collections.Counter = collections.Counter()  # key -> actors lost while running it
 
     @property
@@ -179,10 +207,11 @@ class RayBackend:
 
     @property
     def batch(self) -> int:
+        """Compile processes per actor; an actor holds ``AHEAD`` times as many tasks."""
         return max(1, self.jobs or 0)
 
     def capacity(self) -> int:
-        return max(0, len(self.actors) * self.batch - len(self._tasks))
+        return max(0, len(self.actors) * AHEAD * self.batch - len(self._tasks))
 
     def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
         self._tasks[key] = (task, label)
@@ -190,54 +219,73 @@ class RayBackend:
         self._dispatch()
 
     def _dispatch(self) -> None:
+        """Top every actor up to ``AHEAD * batch`` tasks and keep one collect() in flight per busy actor."""
+        busy = set(self._collecting.values())
         for slot, actor in enumerate(self.actors):
-            if slot not in self._busy and self._queue:
-                keys = [self._queue.popleft() for _ in range(min(self.batch, len(self._queue)))]
-                tasks = [self._tasks[k][0] for k in keys]
-                self._running[actor.run.remote(tasks, self.timeout)] = (keys, slot)
-                self._busy.add(slot)
-                more = f" +{len(keys) - 1}" if len(keys) > 1 else ""
-                self.states[f"actor{slot}"].current = self._tasks[keys[0]][1] + more
+            pending = self._pending[slot]
+            room = AHEAD * self.batch - len(pending)
+            if room > 0 and self._queue:
+                sent = []
+                for _ in range(min(room, len(self._queue))):
+                    key, tid = self._queue.popleft(), next(self._ids)
+                    pending[tid] = key
+                    sent.append((tid, self._tasks[key][0]))
+                actor.add.remote(sent, self.timeout)  # ordered before the collect() below on this actor
+            if pending and slot not in busy:
+                self._collecting[actor.collect.remote(COLLECT_WAIT_S)] = slot
+            labels = [self._tasks[k][1] for k in pending.values()]
+            more = f" +{len(labels) - 1}" if len(labels) > 1 else ""
+            self.states[f"actor{slot}"].current = labels[0] + more if labels else None
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
-        """(key, result, actor) for every task whose batch ended within ``wait_s`` seconds."""
+        """(key, result, actor) for every task that ended within ``wait_s`` seconds."""
         ray = self.ray
         unavailable = tuple(getattr(ray.exceptions, n) for n in ("ActorUnavailableError",)
                              if hasattr(ray.exceptions, n))  # newer Rays: unreachable for now
-        if not self._running:
+        if not self._collecting:
             return []
-        ready, _ = ray.wait(list(self._running), num_returns=1, timeout=wait_s)
+        ready, _ = ray.wait(list(self._collecting), num_returns=1, timeout=wait_s)
         if ready:
-            rest = [r for r in self._running if r not in ready]
+            rest = [r for r in self._collecting if r not in ready]
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
         done = []
         for ref in ready:
-            keys, slot = self._running.pop(ref)
-            self._busy.discard(slot)
+            slot = self._collecting.pop(ref)
             name = f"actor{slot}"
-            self.states[name].current = None
             try:
                 results = ray.get(ref)
             except (ray.exceptions.RayActorError, *unavailable) as e:  # the actor is gone (or unreachable)
-                self.states[name].counts["lost"] += 1
-                ray.kill(self.actors[slot])
-                self.actors[slot] = self._new_actor(slot)
-                why = str(e).strip().splitlines()[0][:200]
-                for key in keys:
-                    self.losses[key] += 1
-                again = [k for k in keys if self.losses[k] < self.max_losses]
-                self._queue.extendleft(reversed(again))  # unfinished work: to the next free actor, first
-                keys = [k for k in keys if k not in again]
-                results = [{"status": "crash", "reason": f"lost {self.losses[k]} Ray actors measuring it "
-                                                         f"({why})"} for k in keys]
+                done += self._lost(slot, str(e).strip().splitlines()[0][:200])
+                continue
             except ray.exceptions.RayTaskError as e:  # moetune's own code failed in the actor
                 raise RuntimeError(f"--ray: {name} failed: {str(e).strip().splitlines()[-1]}") from None
-            for key, res in zip(keys, results, strict=True):
+            for tid, res in results:
+                key = self._pending[slot].pop(tid)
                 self._tasks.pop(key)
                 self.states[name].counts[res["status"]] += 1
                 done.append((key, res, name))
         self._dispatch()
         return done
+
+    def _lost(self, slot: int, why: str) -> list[tuple[Any, dict[str, Any], str]]:
+        """An actor died with tasks on it: a new one takes its place, its tasks go back to the front of
+        the queue, except those that have now lost ``max_losses`` actors (recorded as crashes)."""
+        name = f"actor{slot}"
+        self.states[name].counts["lost"] += 1
+        self.ray.kill(self.actors[slot])
+        self.actors[slot] = self._new_actor(slot)
+        keys = list(self._pending.pop(slot, {}).values())
+        for key in keys:
+            self.losses[key] += 1
+        again = [k for k in keys if self.losses[k] < self.max_losses]
+        self._queue.extendleft(reversed(again))  # unfinished work: to the next free actor, first
+        out = []
+        for key in keys:
+            if key not in again:
+                self._tasks.pop(key)
+                out.append((key, {"status": "crash", "reason": f"lost {self.losses[key]} Ray actors "
+                                                               f"measuring it ({why})"}, name))
+        return out
 
     def close(self) -> None:
         ray = self.ray

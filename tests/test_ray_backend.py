@@ -11,7 +11,7 @@ ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install '
 import crashy_spec  # noqa: E402  (registers test.crashy and test.steady)
 
 from moetune.models import get_model  # noqa: E402
-from moetune.parallel import ParallelSweep  # noqa: E402
+from moetune.parallel import ParallelSweep, WorkerState  # noqa: E402
 from moetune.ray_backend import RayBackend  # noqa: E402
 from moetune.spec import canonical_json  # noqa: E402
 from moetune.store import Store  # noqa: E402
@@ -81,3 +81,21 @@ def test_two_actors_sharing_a_gpu_measure_every_candidate_once_despite_crashes_a
     abort = rows[rows["config"].str.contains('"abort"')]["reason"].iloc[0]
     assert abort.startswith("while compiling") and "SIGABRT" in abort  # the process died, its actor did not
     assert sum(st.counts["lost"] for st in backend.states.values()) == 1
+
+
+def test_a_task_that_keeps_losing_actors_is_recorded_as_a_crash_the_rest_requeue_first(cluster):
+    backend = RayBackend(timeout=5, max_losses=2)
+    backend.ray = type("FakeRay", (), {"kill": staticmethod(lambda actor: None)})
+    backend._new_actor = lambda slot: f"actor #{slot} again"
+    backend.actors, backend.states = ["actor #0"], {"actor0": WorkerState("actor0")}
+    for key in "abc":
+        backend._tasks[key] = ({"mode": "measure"}, key)
+    backend._queue.extend("c")
+    backend._pending[0] = {0: "a", 1: "b"}
+    backend.losses["a"] = 1  # "a" lost an actor before
+    out = backend._lost(0, "node died")
+    assert [(k, r["status"]) for k, r, _ in out] == [("a", "crash")]
+    assert "lost 2 Ray actors" in out[0][1]["reason"]
+    assert list(backend._queue) == ["b", "c"] and "a" not in backend._tasks  # "b" first, to the next actor
+    assert backend.actors == ["actor #0 again"] and backend.states["actor0"].counts["lost"] == 1
+    assert 0 not in backend._pending
