@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import os
 import shutil
 import tempfile
@@ -156,9 +157,7 @@ class LocalBackend:
         for h in self.measurers:
             self.states[h.name].where = (f"{self.device.name} cuda:{h.device_index}" if self.device.is_gpu
                                          else "cpu (interpreter)")
-        for h in self.compilers:
-            h.wait_ready()
-        return self.device
+        return self.device  # compile workers join as they come up (dozens import torch at once)
 
     def capacity(self) -> int:
         """Tasks it could take now without any of them waiting for more than one other."""
@@ -184,6 +183,11 @@ class LocalBackend:
         lock = str(self.log_dir / "inputs.lock")
         for h in self.compilers:
             if h.busy or not (self._compile_q or self._prefetch_q):
+                continue
+            if not h.alive:  # killed by a candidate (or never launched): start again, use it once up
+                h.stop()
+                h.launch()
+            if not h.ready:
                 continue
             if self._compile_q:
                 key = self._same_problem(h)
@@ -218,11 +222,13 @@ class LocalBackend:
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
         """(key, result, worker) for every task that ended within ``wait_s`` seconds."""
+        self._dispatch()
         busy = [h for h in self.compilers + self.measurers if h.busy]
-        if not busy:
+        starting = [h.conn for h in self.compilers if h.hello is None and h.conn is not None]
+        if not busy and not starting:
             return []
-        left = min(h.deadline for h in busy) - time.monotonic()
-        wait([w for h in busy for w in h.waitables()], min(wait_s, max(0.0, left) + 0.01))
+        left = min((h.deadline for h in busy), default=math.inf) - time.monotonic()
+        wait([w for h in busy for w in h.waitables()] + starting, min(wait_s, max(0.0, left) + 0.01))
         done = []
         measurers = set(self.workers)
         for h in busy:

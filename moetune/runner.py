@@ -106,6 +106,13 @@ class WorkerHandle:
                                    f"({_signal_name(self.proc.exitcode)}): {self._log_tail(0)}") from None
         return self.hello
 
+    @property
+    def ready(self) -> bool:
+        """Started and said hello (never blocks; RuntimeError if it died while starting)."""
+        if self.hello is None and self.conn is not None and self.conn.poll(0):
+            self.wait_ready(0)
+        return self.hello is not None
+
     def stop(self) -> None:
         if self.proc is not None:
             if self.proc.is_alive():

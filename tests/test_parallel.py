@@ -187,6 +187,8 @@ def _sweep(db, runner, driver, problems, strategy="exhaustive", **kw):
 class FakeHandle:
     """A worker that runs whatever it is given until the test says it is done."""
 
+    alive = ready = True
+
     def __init__(self, name, device):
         self.name, self.device_index, self.task_key = name, device, None
 
@@ -237,6 +239,19 @@ def test_pool_compiles_guesses_only_on_idle_compile_workers(tmp_path):
     backend._dispatch()
     assert c0.task_key == "a" and len(backend._prefetch_q) == 1 and g0.task_key is None
     assert "a" in backend._tasks and not any(k[0] == "prefetch" for k in backend._tasks)
+
+
+def test_pool_uses_compile_workers_as_they_come_up_without_waiting_for_all(tmp_path):
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    g0, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("c0", 0), FakeHandle("c1", 0)
+    c0.ready = False  # still importing torch
+    backend.measurers, backend.compilers = [g0], [c0, c1]
+    backend.submit("a", {"mode": "measure"})
+    backend.submit("b", {"mode": "measure"})
+    assert (c0.task_key, c1.task_key, list(backend._compile_q)) == (None, "a", ["b"])
+    c0.ready = True
+    backend._dispatch()
+    assert c0.task_key == "b"
 
 
 def test_pool_compile_workers_stay_on_one_problem(tmp_path):
