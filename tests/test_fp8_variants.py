@@ -1,15 +1,19 @@
 """The FP8 decode path's variants against the fp32 reference (Triton interpreter): A_FP8 (two-term fp8
-activations on fp8 tensor-core dots) and FUSE (activation fused into gate/up, top_k sum into down)."""
+activations on fp8 tensor-core dots, split in-kernel (1) or once before the GEMM (2)) and FUSE
+(activation fused into gate/up, top_k sum into down)."""
 
 import pytest
 import torch
 from test_fp8_decode import TOL, make_layer, poison_unused, rel_err
 
 from moetune.kernels import fp8_decode as F
+from moetune.quant.fp8_block import dequantize_fp8_block
 from moetune.routing import make_routes
 
 A8_ROUTE = {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "A_FP8": 1}
 A8_GROUPED = {"ALGO": "grouped", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "A_FP8": 1}
+A82_ROUTE = {**A8_ROUTE, "A_FP8": 2}
+A82_GROUPED = {**A8_GROUPED, "A_FP8": 2}
 FUSED = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "FUSE": 1}
 
 VARIANTS = {
@@ -17,9 +21,12 @@ VARIANTS = {
     "a8-grouped": {"gate_up": {**A8_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}, "down": A8_GROUPED},
     "fused": {"gate_up": FUSED, "down": {**FUSED, "BLOCK_SIZE_N": 128}},
     "fused-a8": {"gate_up": {**FUSED, "BLOCK_SIZE_N": 128}, "down": A8_ROUTE},
+    "a82-route-split": {"gate_up": {**A82_ROUTE, "SPLIT_K": 2}, "down": {**A82_ROUTE, "BLOCK_SIZE_N": 64}},
+    "a82-grouped": {"gate_up": {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}, "down": A82_GROUPED},
 }
 
 
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # A_FP8 2 splits NaN rows no route reads
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_matches_reference_partial_tiles_and_inactive_routes(name):
     """H 300, I 200: partial N and K tiles; I % 64 != 0: fused up tiles straddle scale blocks. Unused
@@ -50,13 +57,14 @@ def test_a8_single_gemm_is_close_to_w8a16():
     exact = torch.empty(4, 256)
     F.fp8_block_gemm(x, w13, s13, ids, exact, {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 512},
                      a_row_div=2)
-    for cfg in (A8_ROUTE, {**A8_GROUPED, "SWAP_AB": 1}):
+    for cfg in (A8_ROUTE, {**A8_GROUPED, "SWAP_AB": 1}, A82_ROUTE, {**A82_GROUPED, "SWAP_AB": 1}):
         got = torch.full((4, 256), float("nan"))
         F.fp8_block_gemm(x, w13, s13, ids, got, cfg, a_row_div=2)
         assert rel_err(got, exact) < 3e-3
 
 
-@pytest.mark.parametrize("name", ["fused", "a8-route-split"])
+@pytest.mark.filterwarnings("ignore:All-NaN slice")
+@pytest.mark.parametrize("name", ["fused", "a8-route-split", "a82-grouped"])
 def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=14)
     conf = {g: F.check_gemm_config(c) for g, c in VARIANTS[name].items()}
@@ -79,13 +87,156 @@ def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
     ({"FUSE": 1, "SPLIT_K": 2}, "FUSE"),
     ({"FUSE": 1, "ALGO": "grouped"}, "FUSE"),
     ({"FUSE": 1, "A_FP8": 1}, "FUSE"),
-    ({"A_FP8": 2}, "A_FP8"),
+    ({"FUSE": 1, "A_FP8": 2}, "FUSE"),
+    ({"A_FP8": 3}, "A_FP8"),
     ({"A_FP8": True}, "A_FP8"),
 ])
 def test_bad_variant_options(cfg, msg):
     args = make_layer(M=1, H=256, I=128, E=2, top_k=1, seed=15)
     with pytest.raises(ValueError, match=msg):
         F.fp8_decode_moe(*args, config={"gate_up": cfg})
+
+
+# ---- A_FP8 2: activations split once, before the GEMM -------------------------------------------
+def _round_e4m3(v):
+    """The kernels' rounding to 3 mantissa bits (half away from zero), by integer ops on the fp32 bits."""
+    return ((v.contiguous().view(torch.int32) + 0x80000) & -0x100000).view(torch.float32)
+
+
+def split_reference(a):
+    """torch A_FP8 split of a [rows, K]: per row and 128-K chunk (zero-padded past K), sa = max(amax,
+    1e-30) / 448, q = a / sa, hi = e4m3(q), lo = e4m3(8 (q - hi)); (hi, lo [rows, K], sa [rows, chunks])."""
+    rows, k = a.shape
+    chunks = -(-k // 128)
+    padded = torch.zeros(rows, chunks * 128)
+    padded[:, :k] = a.float()
+    padded = padded.view(rows, chunks, 128)
+    sa = padded.abs().amax(-1).clamp_min(1e-30) * (1.0 / 448.0)
+    q = padded / sa[..., None]
+    hi = _round_e4m3(q)
+    lo = _round_e4m3((q - hi) * 8.0)
+    terms = [t.to(F.FP8_DTYPE).view(rows, -1)[:, :k] for t in (hi, lo)]
+    return terms[0], terms[1], sa
+
+
+def assert_terms_equal(got, ref):
+    """Bit-equal e4m3 terms, except in e4m3's subnormal range (up to 2^-6), where they may be one subnormal
+    step (2^-9) off: the interpreter's fp32 -> e4m3 cast truncates there where torch rounds (0.0017 -> 0,
+    not 2^-9); A_FP8 1 shares that cast, and the kernels round to e4m3's mantissa before it, which makes
+    the cast exact for normal values."""
+    got, ref = got.float(), ref.float()
+    off = got != ref
+    assert ((got - ref).abs()[off] <= 2.0 ** -9).all() and (ref.abs()[off] <= 2.0 ** -6).all()
+    assert off.float().mean() < 0.01
+
+
+def gemm_reference(a, w, w_scale, ids, a_row_div=1, rw=None):
+    """fp32 ``out[r] = (rw[r] *) a[r // a_row_div] @ dequant(w[ids[r]]).T``, zero for inactive routes."""
+    flat = ids.reshape(-1)
+    out = torch.zeros(flat.numel(), w.shape[1])
+    for r, e in enumerate(flat.tolist()):
+        if e >= 0:
+            out[r] = a[r // a_row_div].float() @ dequantize_fp8_block(w[e], w_scale[e]).T
+            if rw is not None:
+                out[r] *= rw.reshape(-1)[r]
+    return out
+
+
+@pytest.mark.parametrize("dtype,K", [(torch.bfloat16, 200), (torch.float32, 1100)])
+def test_split_rows_matches_reference(dtype, K):
+    """K not a multiple of 128 (a partial last chunk), a strided view, a row of zeros, rows of very
+    different magnitudes (one scale per row per chunk); into given buffers too."""
+    g = torch.Generator().manual_seed(K)
+    base = torch.randn(5, 2 * K, generator=g) * torch.tensor([1.0, 1e3, 1.0, 1e-4, 3.0])[:, None]
+    a = base.to(dtype)[:, ::2]
+    a[2] = 0
+    assert not a.is_contiguous()
+    hi, lo, sa = F.split_fp8_rows(a)
+    ref_hi, ref_lo, ref_sa = split_reference(a)
+    assert hi.dtype == lo.dtype == F.FP8_DTYPE and hi.shape == lo.shape == (5, K)
+    assert sa.dtype == torch.float32 and sa.shape == (5, -(-K // 128))
+    assert torch.equal(sa, ref_sa)
+    assert_terms_equal(hi, ref_hi)
+    assert_terms_equal(lo, ref_lo)
+    assert torch.equal(hi[2].float(), torch.zeros(K)) and torch.equal(lo[2].float(), torch.zeros(K))
+    chunk_sa = sa.repeat_interleave(128, dim=1)[:, :K]
+    back = (hi.float() + lo.float() * 0.125) * chunk_sa
+    assert ((back - a.float()).abs() <= 2e-3 * chunk_sa * 448).all()  # ~1e-3 of each chunk's amax
+    bufs = (torch.full_like(hi, float("nan")), torch.full_like(lo, float("nan")),
+            torch.full((5, sa.shape[1] + 2), float("nan"))[:, 1:-1])
+    got = F.split_fp8_rows(a, out=bufs)
+    assert all(x is y for x, y in zip(got, bufs, strict=True))
+    assert torch.equal(bufs[2], sa)
+    assert torch.equal(bufs[0].view(torch.uint8), hi.view(torch.uint8))
+    assert torch.equal(bufs[1].view(torch.uint8), lo.view(torch.uint8))
+    with pytest.raises(ValueError, match="out: sa must be float32"):
+        F.split_fp8_rows(a, out=(hi, lo, sa[:, :1]))
+
+
+A82_CONFIGS = [
+    {**A82_ROUTE, "BLOCK_SIZE_N": 64},
+    {**A82_ROUTE, "SPLIT_K": 2, "BLOCK_SIZE_K": 128},
+    {**A82_GROUPED, "SWAP_AB": 0, "BLOCK_SIZE_K": 256},
+    {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2},
+]
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")  # the interpreter's amax of a NaN row, never used
+@pytest.mark.parametrize("cfg", A82_CONFIGS, ids=["route", "route-split", "grouped", "grouped-swap-split"])
+def test_a82_down_gemm_k200_strided_padded_and_poisoned(cfg):
+    """The down GEMM (A row = route, routing weight applied) at K 200 (last chunk partial) from a strided
+    activation, with NaN scale padding, NaN in unused experts, inactive routes' weights and rows, and a
+    NaN output buffer: matches the fp32 reference and equals A_FP8 1 up to rounding."""
+    _, _, _, w2, s2, rw, ids = make_layer(M=3, H=256, I=200, E=6, top_k=3, seed=21)
+    ids[0, 1:] = -1
+    ids[1, :] = -1
+    routes = ids.numel()
+    g = torch.Generator().manual_seed(22)
+    act = torch.zeros(routes, 400, dtype=torch.bfloat16)[:, ::2]
+    act.copy_(torch.randn(routes, 200, generator=g))
+    s2_pad = torch.full((6, s2.shape[1], s2.shape[2] + 2), float("nan"))
+    s2_pad[:, :, : s2.shape[2]] = s2
+    rw[ids < 0] = 0.0
+    ref = gemm_reference(act, w2, s2, ids, rw=rw)
+    inactive = ids.reshape(-1) < 0
+    act[inactive] = float("nan")
+    rw[ids < 0] = float("nan")
+    used = set(ids[ids >= 0].tolist())
+    for e in set(range(6)) - used:
+        w2[e].view(torch.uint8).fill_(0x7F)
+        s2_pad[e] = float("nan")
+    out = torch.full((routes, 256), float("nan"))
+    F.fp8_block_gemm(act, w2, s2_pad, ids, out, cfg, topk_weights=rw)
+    assert torch.equal(out[inactive], torch.zeros(int(inactive.sum()), 256))
+    assert rel_err(out, ref) < TOL
+    mode1 = torch.full((routes, 256), float("nan"))
+    F.fp8_block_gemm(act, w2, s2_pad, ids, mode1, {**cfg, "A_FP8": 1}, topk_weights=rw)
+    torch.testing.assert_close(out, mode1, rtol=1e-5, atol=1e-5)
+
+
+def test_a82_given_split():
+    """a_split= (the split of a, e.g. made once for several GEMMs) gives the result of the split made
+    inside; it is checked (shapes, dtypes) and only taken with A_FP8 2."""
+    x, w13, s13, *_, ids = make_layer(M=2, H=300, I=64, E=4, top_k=2, seed=23)
+    cfg = {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}
+    inside = torch.full((4, 128), float("nan"))
+    F.fp8_block_gemm(x, w13, s13, ids, inside, cfg, a_row_div=2)
+    hi, lo, sa = F.split_fp8_rows(x)
+    sa_pad = torch.full((2, sa.shape[1] + 1), float("nan"))
+    sa_pad[:, :-1] = sa  # a padded scale column is never read
+    given = torch.full((4, 128), float("nan"))
+    F.fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=(hi, lo, sa_pad))
+    assert torch.equal(given, inside)
+    assert rel_err(given, gemm_reference(x, w13, s13, ids, a_row_div=2)) < TOL
+    bad = [((hi[:1], lo, sa), "a_split: hi must be"), ((hi, lo.float(), sa), "a_split: lo must be"),
+           ((hi, lo, sa[:, :1]), "a_split: sa must be"), ((hi, lo, sa.double()), "a_split: sa must be"),
+           ((hi, lo), "a_split must be a tuple"),
+           ((hi, lo.t().contiguous().t(), sa), "a_split: lo must have")]
+    for split, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            F.fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=split)
+    with pytest.raises(ValueError, match="a_split is only used with A_FP8 2"):
+        F.fp8_block_gemm(x, w13, s13, ids, given, A8_GROUPED, a_row_div=2, a_split=(hi, lo, sa))
 
 
 @pytest.mark.parametrize("tokens,E,block_m,active", [(3, 6, 16, 0.5), (20, 2, 16, 1.0), (16, 256, 16, 0.75),

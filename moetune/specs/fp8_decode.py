@@ -2,7 +2,8 @@
 
 Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
 split-K, "grouped" tensor-core blocks per expert) and the operand precision (A_FP8: two-term fp8
-activations on fp8 tensor cores) are tuned parameters like the tiles, because the best ones move
+activations on fp8 tensor cores, split in-kernel (1) or by one launch before the GEMM (2), which the
+timing includes) are tuned parameters like the tiles, because the best ones move
 with route density. FUSE is a layer option (it changes what the GEMM writes), timed by
 ``benchmarks/fp8_decode.py``, not here. A grouped run includes its on-GPU
 routing step (``align_routes``), which a layer pays once for both GEMMs; a split-K run includes
@@ -43,7 +44,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "BLOCK_SIZE_K": [128, 256, 512],
         "SPLIT_K": [1, 2, 4, 8, 16],
         "SWAP_AB": [0, 1],
-        "A_FP8": [0, 1],
+        "A_FP8": [0, 1, 2],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -97,7 +98,10 @@ class _Fp8DecodeGemm(KernelSpec):
         if cfg["ALGO"] != "route" and bm > max(16, _next_pow2(problem.routes)):
             return f"BLOCK_SIZE_M {bm} exceeds the {problem.routes} routes"
         a_bytes = DTYPES[problem.shape["dtype"]].itemsize
-        if cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
+        if cfg["A_FP8"] == 2:  # pre-split activations: two fp8 terms and the fp8 weights per stage, no
+            # converted operand; route runs one-route tl.dot blocks of 16 rows
+            smem = cfg["num_stages"] * (2 * (16 if cfg["ALGO"] == "route" else bm) * bk + bk * bn)
+        elif cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
             smem = cfg["num_stages"] * bn * bk
         else:  # activation + fp8 weight tiles per stage, plus the converted operand
             smem = cfg["num_stages"] * (bm * bk * a_bytes + bk * bn) + 128 * bn * a_bytes
@@ -157,12 +161,11 @@ class _Fp8DecodeGemm(KernelSpec):
         if weights is None:
             weights = self.make_weights(problem, device, seed)
         n = weights["w"].shape[1]
-        gen = torch.Generator().manual_seed(seed)
         dgen = torch.Generator(device=device).manual_seed(seed + 1)
         tokens = problem.tokens
         routes = tokens * top_k
         ids, rw = make_routes(tokens, top_k, e, routing=problem.routing,
-                              active_fraction=problem.active_fraction, generator=gen, device=device)
+                              active_fraction=problem.active_fraction, generator=dgen, device=device)
         rows = tokens if self.gemm == "gate_up" else routes
         a = torch.randn(rows, k, generator=dgen, device=device).to(dtype)
         out = torch.empty(routes, n, dtype=torch.float32, device=device)
