@@ -62,6 +62,8 @@ def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "un
     Each token picks ``top_k`` distinct experts. With ``active_fraction < 1`` a
     random subset of each token's slots is marked inactive (id -1), as hybrid
     CPU/GPU decode does. Weights are positive and sum to 1 over active slots.
+    The draws happen on ``generator``'s device (a CUDA generator keeps the tuner's per-candidate
+    routing off the CPU, which the compile workers keep busy).
     """
     if top_k > num_experts:
         raise ValueError(f"top_k {top_k} exceeds the number of experts {num_experts}")
@@ -69,22 +71,24 @@ def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "un
         raise ValueError(f"active fraction must be in [0, 1], got {active_fraction}")
     kind, arg = parse_routing(routing)
     g = generator
+    at = g.device if g is not None else torch.device("cpu")
     if kind == "trace":
         trace = load_trace(arg, num_experts, top_k)
         reps = -(-tokens // trace.shape[0])
-        ids = trace.repeat(reps, 1)[:tokens].clone()
+        ids = trace.repeat(reps, 1)[:tokens].clone().to(at)
     else:
-        logits = torch.zeros(tokens, num_experts)
+        logits = torch.zeros(tokens, num_experts, device=at)
         if kind == "zipf":
             # Zipf-like popularity over a random expert order; Gumbel top-k samples without replacement.
-            rank = torch.randperm(num_experts, generator=g).float() + 1
+            rank = torch.randperm(num_experts, generator=g, device=at).float() + 1
             logits = logits - float(arg) * rank.log()
-        gumbel = -torch.log(-torch.log(torch.rand(tokens, num_experts, generator=g).clamp_min(1e-20)))
+        uniform = torch.rand(tokens, num_experts, generator=g, device=at)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-20)))
         ids = (logits + gumbel).topk(top_k, dim=1).indices
-    weights = torch.rand(tokens, top_k, generator=g) + 0.1
+    weights = torch.rand(tokens, top_k, generator=g, device=at) + 0.1
     n_active = round(top_k * active_fraction)
     if n_active < top_k:
-        order = torch.rand(tokens, top_k, generator=g).argsort(dim=1)
+        order = torch.rand(tokens, top_k, generator=g, device=at).argsort(dim=1)
         inactive = order >= n_active
         ids = ids.masked_fill(inactive, -1)
         weights = weights.masked_fill(inactive, 0.0)

@@ -323,6 +323,9 @@ def main(conn: Any, log_path: str, device_index: int | None, interpret: bool = F
 
     if device_index is not None and torch.cuda.is_available():
         torch.cuda.set_device(device_index)
+        # the GPU does a worker's work; an intra-op thread pool per worker (one per core) only makes
+        # dozens of processes' CPU ops wait on threads their neighbours' compiles have descheduled
+        torch.set_num_threads(1)
     device = device_info(device_index)
     conn.send({"device": asdict(device), "versions": {
         "moetune_version": __version__, "triton_version": triton.__version__,

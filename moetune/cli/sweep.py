@@ -239,6 +239,11 @@ def sweep(
     if sw.overhead_ms:
         extra = f"; tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)"
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id}){extra}")
+    if sw.phases_ms:
+        import pandas as pd
+
+        phases = pd.DataFrame(sw.phases_ms).median()
+        console.print("per candidate, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
     console.print(f"start-up, s after planning began: {steps}")
     if sw.timed_out:

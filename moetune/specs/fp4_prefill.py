@@ -256,10 +256,9 @@ class Fp4PrefillSpec(KernelSpec):
         e, n, k, top_k = shape["E"], shape["N"], shape["K"], shape["top_k"]
         if weights is None:
             weights = self.make_weights(problem, device, seed)
-        g = torch.Generator().manual_seed(seed)
-        ids, topk_weights = make_routes(problem.tokens, top_k, e, routing=problem.routing,
-                                        active_fraction=problem.active_fraction, generator=g, device=device)
         dg = torch.Generator(device=device).manual_seed(seed + 1)
+        ids, topk_weights = make_routes(problem.tokens, top_k, e, routing=problem.routing,
+                                        active_fraction=problem.active_fraction, generator=dg, device=device)
         rows = problem.tokens if self.gemm == "gate_up" else problem.tokens * top_k
         a = torch.randn(rows, k, device=device, generator=dg)
         aq, a_s = quantize_fp8_act(a)

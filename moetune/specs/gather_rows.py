@@ -128,16 +128,15 @@ class GatherRowsSpec(KernelSpec):
 
         shape = problem.shape
         k, g = shape["K"], group_count(shape["K"])
-        gen = torch.Generator().manual_seed(seed)
+        gen = torch.Generator(device=device).manual_seed(seed)
         ids, _ = make_routes(problem.tokens, shape["top_k"], shape["E"], routing=problem.routing,
-                             active_fraction=problem.active_fraction, generator=gen)
+                             active_fraction=problem.active_fraction, generator=gen, device=device)
         dst2src = sorted_dst2src(ids)
         # Random bytes, NaN and inf patterns included: the copy must not care what they encode.
-        q = torch.randint(0, 256, (problem.tokens, k), generator=gen, dtype=torch.uint8)
-        scales = torch.rand(problem.tokens, g, generator=gen) + 0.5
+        q = torch.randint(0, 256, (problem.tokens, k), generator=gen, dtype=torch.uint8, device=device)
+        scales = torch.rand(problem.tokens, g, generator=gen, device=device) + 0.5
         rows = dst2src.numel()
-        tensors = {"q": q.view(torch.float8_e4m3fn).to(device), "scales": scales.to(device),
-                   "dst2src": dst2src.to(device)}
+        tensors = {"q": q.view(torch.float8_e4m3fn), "scales": scales, "dst2src": dst2src}
         outputs = (torch.empty(rows, k, dtype=torch.float8_e4m3fn, device=device),
                    torch.empty(rows, g, dtype=torch.float32, device=device))
         return Inputs(tensors, outputs)
