@@ -87,15 +87,20 @@ def test_interpreter_device_constraint_accepts_default():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_heuristic_uses_a8_grouped_only_where_measured(name):
-    """sm_90 (measured): fp8 tensor-core grouped tiles above 1 row per expert; other archs (no fp8 dots
-    before sm_89, unmeasured after) keep W8A16; the shipped default is untouched."""
+def test_heuristic_uses_fp8_dots_only_where_measured(name):
+    """sm_90 (measured): activations split into fp8 terms (A_FP8 2) on tensor cores, grouped above 1 row
+    per expert, except the short-K down GEMM's W8A16 GEMV at few routes; other archs (no fp8 dots before
+    sm_89, unmeasured after) keep W8A16; the shipped default is untouched."""
     spec = get_spec(name)
     shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
     dense = spec.heuristic(shape, 64 * 8, "sm_90")
-    assert dense["ALGO"] == "grouped" and dense["A_FP8"] == 1 and dense["SWAP_AB"] == 1
+    assert dense["ALGO"] == "grouped" and dense["A_FP8"] == 2 and dense["SWAP_AB"] == 1
     assert spec.heuristic(shape, 64 * 8, "sm_80")["A_FP8"] == 0
     one = spec.heuristic(shape, 8, "sm_90")
-    assert one["ALGO"] == "route" and one["A_FP8"] == 0
-    assert spec.heuristic(shape, 4 * 8, "sm_90")["A_FP8"] == (1 if name.endswith("gate_up") else 0)
+    assert one["ALGO"] == "route" and one["A_FP8"] == (2 if name.endswith("gate_up") else 0)
+    mid = spec.heuristic(shape, 16 * 8, "sm_90")
+    assert mid["ALGO"] == ("route" if name.endswith("gate_up") else "grouped")
+    for tokens in (1, 4, 16, 64, 256):
+        problem = spec.problem(shape, tokens=tokens)
+        assert spec.constraint(spec.heuristic(shape, problem.routes, "sm_90"), problem, H200) is None
     assert spec.default["A_FP8"] == 0 and spec.default["BLOCK_SIZE_N"] == 16

@@ -115,24 +115,25 @@ class _Fp8DecodeGemm(KernelSpec):
         grouped path's routing launch costs more; split-K only where the grid would be small.
         Above, "grouped" shares each expert's weight reads across its routes.
 
-        sm_90 only, from session 2's DeepSeek-V3 TP8 run (E 256; gate/up K 7168, down K 256), where
-        measured: above 1 row per expert (64 tokens) A_FP8 + SWAP_AB grouped tiles beat session 1's W8A16
-        ones on both GEMMs (250.5 vs 277.8 us, 164.5 vs 179.5 us); at ~1/8 row per expert (4 tokens) they
-        beat the split-K GEMV on the long-K gate/up (38.9 vs 41.4 us) but not at 1/32 or 1/2 (1 and 16
-        tokens) nor on the short-K down GEMM; the band's edges are guesses halfway (in log) between those
-        points; a split-K GEMV pipelined over 2 stages beat 1 stage at 1 token (13.3 vs 14.5 us). fp8
-        tensor-core dots need sm_89+, and other archs are unmeasured, so they keep session 1's rules."""
+        sm_90 only, from session 4's DeepSeek-V3 TP8 run (E 256; gate/up K 7168, down K 256): activations
+        split once into two fp8 terms (A_FP8 2) won every point but the short-K down GEMM at 1 and 4
+        tokens. Long K: the split-K one-route tl.dot (route, BN64 BK128 S8) at 1, 4 and 16 tokens (12.6,
+        36.5, 105.4 us), grouped SWAP_AB tiles at 64 (225.7 us). Short K: the W8A16 GEMV at 1 and 4
+        tokens (8.5, 23.0 us), grouped SWAP_AB A_FP8 2 at 16 and 64 (64.1, 139.0 us); the edge at a
+        quarter row per expert is a guess halfway (in log) between those points. fp8 tensor-core dots
+        need sm_89+, and other archs are unmeasured, so they keep session 1's rules."""
         n, k, e = shape["N"], shape["K"], shape["E"]
         if arch == "interpreter":  # fewest programs: the interpreter pays per program
             return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
                     "BLOCK_SIZE_K": 256 if k > 128 else 128}
         long_k = k >= 2048
-        h200 = arch == "sm_90"
-        a8_grouped = {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
-                      "BLOCK_SIZE_K": 128, "SPLIT_K": 2 if long_k else 1, "SWAP_AB": 1, "A_FP8": 1,
-                      "num_stages": 4 if long_k else 3}
-        if h200 and k >= 4096 and e < 16 * routes <= 4 * e:
-            return a8_grouped
+        if arch == "sm_90":
+            if long_k and routes <= e:
+                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                        "SPLIT_K": min(8, triton.cdiv(k, 128)), "A_FP8": 2, "num_stages": 3}
+            if long_k or 4 * routes > e:
+                return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
+                        "BLOCK_SIZE_K": 128, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 4 if long_k else 3}
         if routes <= e:
             bk, split = (256 if k > 128 else 128), 1
             if long_k:
@@ -140,9 +141,7 @@ class _Fp8DecodeGemm(KernelSpec):
                 bk = 512 if split > 1 and k >= 4096 else bk
             split = min(split, triton.cdiv(k, bk))
             return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": bk, "SPLIT_K": split,
-                    "num_warps": 8, "num_stages": 2 if h200 and split > 1 and bk == 512 else 1}
-        if h200:
-            return a8_grouped
+                    "num_warps": 8}
         return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
                 "BLOCK_SIZE_K": 256 if long_k else 128, "SPLIT_K": 2 if long_k else 1, "num_stages": 3}
 
