@@ -23,7 +23,7 @@ import json
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -277,33 +277,39 @@ def _write(path: Path, doc: dict, result: ExportResult) -> None:
     result.files.append(FileResult(path, changes))
 
 
-def export(db: str | Path, out: str | Path = "configs", *, kernels: Iterable[str] = (),
-           device: str | None = None, arch_device: str | None = None) -> ExportResult:
-    """Write the store's best configs into tables under ``out``; bad rows are reported, not exported."""
+def export(db: str | Path | Sequence[str | Path], out: str | Path = "configs", *,
+           kernels: Iterable[str] = (), device: str | None = None, arch_device: str | None = None
+           ) -> ExportResult:
+    """Write the best configs of one store, or of several pooled (e.g. a new sweep's beside an older
+    one's), into tables under ``out``; bad rows are reported, not exported."""
     from .problems import resolve_kernels
     from .store import Store
 
-    db, out = Path(db), Path(out)
+    dbs = [Path(d) for d in ([db] if isinstance(db, (str, Path)) else db)]
+    out = Path(out)
     # a family name ("fp4_prefill") means all its ops; an unknown name is a ValueError naming it
     kernels = [s.name for s in resolve_kernels(list(kernels))] if kernels else []
     if device is not None:
         tables.check_device_name(device, "--device")
-    store = Store(db, readonly=True)
-    try:
-        frame = store.frame(**({"device_name": device} if device is not None else {}))
-    finally:
-        store.close()
-    if kernels:
-        frame = frame[frame["kernel"].isin(kernels)]
-    checker = _Rows(db)
     groups: dict[tuple, list[dict]] = defaultdict(list)
-    for row in frame.to_dict("records"):
-        r = checker.check(row)
-        if r is None:
-            continue
-        r["config_key"] = canonical_json(r["config"])
-        groups[(r["kernel"], r["arch"], canonical_json(r["shape"]), r["device_name"])].append(r)
-    result = ExportResult(problems=checker.messages())
+    problems: list[str] = []
+    for path in dbs:
+        store = Store(path, readonly=True)
+        try:
+            frame = store.frame(**({"device_name": device} if device is not None else {}))
+        finally:
+            store.close()
+        if kernels:
+            frame = frame[frame["kernel"].isin(kernels)]
+        checker = _Rows(path)
+        for row in frame.to_dict("records"):
+            r = checker.check(row)
+            if r is None:
+                continue
+            r["config_key"] = canonical_json(r["config"])
+            groups[(r["kernel"], r["arch"], canonical_json(r["shape"]), r["device_name"])].append(r)
+        problems += checker.messages()
+    result = ExportResult(problems=problems)
     by_arch: dict[tuple, list[dict]] = defaultdict(list)
     for (kernel, arch, _, dev), rows in sorted(groups.items()):
         spec = rows[0]["spec"]

@@ -75,6 +75,20 @@ def test_rows_older_than_a_key_count_as_its_default_and_pool_with_new_ones(tmp_p
     assert doc["candidates"]["measured"] == 4 and doc["candidates"]["ok"] == 4
 
 
+def test_several_stores_pool_their_rows(tmp_path):
+    """A new sweep's store beside an older one's: rows of both compete, as if in one store."""
+    old, new, out = tmp_path / "old.sqlite", tmp_path / "new.sqlite", tmp_path / "configs"
+    fill(old, [row(DEFAULT, 2.0), row(cfg(16), 1.5),
+               row(DEFAULT, 2.0, tokens=16), row(cfg(16), 1.0, tokens=16)])
+    fill(new, [row(DEFAULT, 2.0), row(cfg(32), 1.0), row(cfg(32), 1.8, tokens=16)])
+    result = export([old, new], out)
+    assert result.problems == []
+    got = by_density(read(out))
+    assert got[1.0]["config"] == cfg(32) and got[1.0]["default_ms"] == 2.0  # found only in the new store
+    assert got[4.0]["config"] == cfg(16)  # the old store's best still wins where the new one is slower
+    assert read(out)["candidates"]["measured"] == 7
+
+
 def test_ties_within_noise_go_to_the_lower_spread(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.00, spread=0.10), row(cfg(32), 1.02, spread=0.01),

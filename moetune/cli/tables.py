@@ -30,7 +30,8 @@ def _num(x, fmt: str) -> str:
 
 @app.command()
 def export(
-    db: Annotated[Path, typer.Option(help="results store to read")] = Path("results/moetune.sqlite"),
+    db: Annotated[list[Path] | None, typer.Option(
+        help="results store(s) to read; repeat to pool several [default: results/moetune.sqlite]")] = None,
     out: Annotated[Path, typer.Option(help="tables root to write into")] = Path("configs"),
     kernel: Annotated[list[str] | None, typer.Option(
         help="kernel op(s) or families to export (repeat or comma-separate); default all")] = None,
@@ -43,7 +44,8 @@ def export(
 
     kernels = [k for item in kernel or [] for k in split_list(item)]
     with user_errors():
-        result = run_export(db, out, kernels=kernels, device=device, arch_device=arch_device)
+        result = run_export(db or [Path("results/moetune.sqlite")], out, kernels=kernels, device=device,
+                            arch_device=arch_device)
     for f in result.files:
         counts: dict[str, int] = {}
         for c in f.changes:
