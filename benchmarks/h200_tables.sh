@@ -9,7 +9,8 @@
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
 # archive, $OUT/h200_tables.tgz (the device tool returns at most 8 files). Knobs:
-# BUDGET (measurements per point), LIMIT (seconds per sweep command), GPUS (--gpus value). Everything
+# BUDGET (measurements per point), LIMIT (seconds per sweep command), GPUS (--gpus value), POOL (older
+# stores whose rows `export` pools with $DB's, e.g. the committed results/h200_tables/*.sqlite). Everything
 # a stage writes lands under $OUT; configs/ is exported in place and also packed into $OUT/configs.tgz.
 set -u
 : "${OUT:?set OUT to a folder for the results}"
@@ -44,12 +45,13 @@ for st in "${stages[@]}"; do
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill
       sweep -m gpt-oss-120b -k fp4_prefill ;;
     export)
-      mt export --db "$DB" --out configs | tee "$OUT/export.txt"
+      pooled=(--db "$DB"); for p in ${POOL:-}; do pooled+=(--db "$p"); done
+      mt export "${pooled[@]}" --out configs | tee "$OUT/export.txt"
       tar czf "$OUT/configs.tgz" configs ;;
-    bench)
-      mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,2,4,8,16,32,64,128,256 \
+    bench|bench-fp8|bench-fp4)
+      [ "$st" != bench-fp4 ] && mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,2,4,8,16,32,64,128,256 \
         --csv "$OUT/bench_fp8.csv" --markdown "$OUT/bench_fp8.md"
-      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill \
+      [ "$st" != bench-fp8 ] && mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill \
         --csv "$OUT/bench_fp4.csv" --markdown "$OUT/bench_fp4.md" ;;
     picker)  # densities the tables do not hold: the picker's choice against a direct sweep there
       DB=$OUT/direct.sqlite sweep \
