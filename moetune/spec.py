@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,6 +143,13 @@ class KernelSpec:
             return checked[key]
         except TypeError:  # unhashable values: check without the cache
             return self._check_reason(config)
+
+    def constraint_key(self, problem: Problem) -> Hashable:
+        """What :meth:`constraint` reads of ``problem``: a sweep plans points with equal keys (on one
+        device) once. The default, the whole problem, shares nothing; a spec whose constraint reads
+        only the shape and a capped route count says so, and its densities share a plan."""
+        return (problem.kernel, problem.shape_key, problem.tokens, problem.routes, problem.active_fraction,
+                problem.routing)
 
     def _check_reason(self, config: Config) -> str | None:
         try:

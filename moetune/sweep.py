@@ -81,24 +81,37 @@ def _space(spec: KernelSpec) -> list[tuple[Config, str]]:
     return _SPACES[ident]
 
 
-def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> Point:
-    """The constrained candidate list; ValueError when nothing survives the constraints."""
-    cands, keys = [], []
+def _constrain(spec: KernelSpec, problem: Problem, device: DeviceInfo
+               ) -> tuple[list[Config], list[str], frozenset, int]:
     space = _space(spec)
-    for cfg, key in space:
-        if spec.constraint(cfg, problem, device) is None:
-            cands.append(dict(cfg))
-            keys.append(key)
-    pruned = len(space) - len(cands)
-    if not cands:
+    kept = [(cfg, key) for cfg, key in space if spec.constraint(cfg, problem, device) is None]
+    keys = [key for _, key in kept]
+    return [cfg for cfg, _ in kept], keys, frozenset(keys), len(space) - len(kept)
+
+
+def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo, memo: dict | None = None) -> Point:
+    """The constrained candidate list; ValueError when nothing survives the constraints. ``memo``
+    shares one constraint pass among points whose :meth:`KernelSpec.constraint_key` is equal."""
+    if memo is None:
+        cfgs, keys, key_set, pruned = _constrain(spec, problem, device)
+    else:
+        ident = (spec.name, spec.constraint_key(problem), device)
+        if ident not in memo:
+            memo[ident] = _constrain(spec, problem, device)
+        cfgs, keys, key_set, pruned = memo[ident]
+    if not keys:
         raise ValueError(f"{problem.describe()}: no candidate config passes the constraints "
                          f"({pruned} pruned)")
-    return Point(spec, problem, cands, pruned, dict(spec.default), keys=frozenset(keys), candidate_keys=keys)
+    return Point(spec, problem, [dict(c) for c in cfgs], pruned, dict(spec.default), keys=key_set,
+                 candidate_keys=list(keys))
 
 
 def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
-    """Constrain every problem's space up front: bad input fails before a store or worker is touched."""
-    return [plan_point(get_spec(p.kernel), p, device) for p in problems]
+    """Constrain every problem's space up front: bad input fails before a store or worker is touched.
+    Points that differ only in what their spec's constraint does not read share one pass over the space
+    (a 54-point decode sweep has a dozen distinct ones)."""
+    memo: dict = {}
+    return [plan_point(get_spec(p.kernel), p, device, memo) for p in problems]
 
 
 class Sweep:
@@ -151,7 +164,8 @@ class Sweep:
     def plan(self, problems: Sequence[Problem] | Sequence[Point], device: DeviceInfo) -> list[Point]:
         """Take the problems (or points already planned by :func:`plan_points`) and what the store holds."""
         self.device = device
-        self.points = [p if isinstance(p, Point) else plan_point(get_spec(p.kernel), p, device)
+        memo: dict = {}
+        self.points = [p if isinstance(p, Point) else plan_point(get_spec(p.kernel), p, device, memo)
                        for p in problems]
         for pt in self.points:
             stored = self._stored(pt.problem)

@@ -93,3 +93,33 @@ def test_trace_routing(tmp_path):
 def test_bad_input(kwargs, message):
     with pytest.raises(ValueError, match=message):
         build_plan(["gather_rows"], device=GPU, **kwargs)
+
+
+@pytest.mark.parametrize("family, grid", [("fp8_decode", dict(tokens=(1, 2, 64, 128), active=(1.0, 0.25))),
+                                          ("fp4_prefill", dict(routes=(768, 49152, 98304)))])
+def test_points_with_equal_constraint_keys_share_one_plan_equal_to_their_own(family, grid):
+    """The sweep constrains the space once per distinct constraint key; each point's candidates are
+    exactly what planning it alone gives."""
+    from moetune.models import get_model
+    from moetune.sweep import plan_point, plan_points
+
+    h200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 227 * 1024, 60 << 20, True)
+    problems = []
+    for spec in resolve_kernels([family]):
+        shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v4-flash" if family ==
+                                                                     "fp4_prefill" else "deepseek-v3"), tp=8))
+        if "routes" in grid:
+            problems += [spec.problem(shape, tokens=r // shape["top_k"]) for r in grid["routes"]]
+        else:
+            problems += [spec.problem(shape, tokens=t, active_fraction=a)
+                         for t in grid["tokens"] for a in grid["active"]]
+    shared = plan_points(problems, h200)
+    alone = [plan_point(pt.spec, pt.problem, h200) for pt in shared]
+    for s, a in zip(shared, alone, strict=True):
+        assert s.candidate_keys == a.candidate_keys and s.candidates == a.candidates and s.pruned == a.pruned
+    distinct = {id(p.keys) for p in shared}
+    assert 1 < len(distinct) < len(shared)
+    # a spec that does not say what its constraint reads shares nothing
+    from moetune.spec import KernelSpec
+
+    assert len({KernelSpec.constraint_key(pt.spec, pt.problem) for pt in shared}) == len(shared)

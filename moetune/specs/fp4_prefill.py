@@ -205,6 +205,13 @@ class Fp4PrefillSpec(KernelSpec):
             raise ValueError(f"{self.name}: shape K must be a multiple of 32, got {out['K']}")
         return out
 
+    def constraint_key(self, problem: Problem) -> tuple:
+        """The constraint reads the shape and the tile bounds the density sets, as far as the space's
+        tiles reach."""
+        max_n, max_m = _tile_bounds(problem.shape["N"], problem.density)
+        return (problem.kernel, problem.shape_key, min(max_n, max(self.space["BLOCK_SIZE_N"])),
+                min(max_m, max(self.space["BLOCK_SIZE_M"])))
+
     def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
         try:
             reason, cfg, smem = _config_check(self.gemm, tuple(config.items()))

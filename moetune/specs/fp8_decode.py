@@ -77,6 +77,12 @@ class _Fp8DecodeGemm(KernelSpec):
         super().check_config(config)
         F.check_gemm_config(config, self.name)
 
+    def constraint_key(self, problem: Problem) -> tuple:
+        """The constraint reads the shape and, for BLOCK_SIZE_M, the routes rounded up to a power of two
+        (no further than the space's largest BLOCK_SIZE_M)."""
+        cap = max(self.space["BLOCK_SIZE_M"])
+        return problem.kernel, problem.shape_key, min(cap, max(16, _next_pow2(problem.routes)))
+
     def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
         reason = super().constraint(config, problem, device)
         if reason:
