@@ -114,8 +114,9 @@ class _Rows:
         except (TypeError, ValueError) as e:
             return self.bad(rid, "config", str(e))
         # A key the row predates counts as the default's value (the sweep's resume rule), so old and
-        # new rows of one config pool, and the default is recognised in either form.
-        out = dict(row, spec=spec, shape=shape, config={**spec.default, **config})
+        # new rows of one config pool, and the default is recognised in either form; configs that
+        # build the same kernel pool under the spec's canonical one.
+        out = dict(row, spec=spec, shape=shape, config=spec.canonical({**spec.default, **config}))
         if row["status"] != "ok":
             return out
         for col in ("time_ms", "routes", "tokens"):

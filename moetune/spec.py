@@ -144,6 +144,12 @@ class KernelSpec:
         except TypeError:  # unhashable values: check without the cache
             return self._check_reason(config)
 
+    def canonical(self, config: Config) -> Config:
+        """One representative of the configs that build the same kernel (keys the kernel ignores in
+        this config set to what the constraint keeps); export pools stored rows of equivalent configs
+        under it. Default: every key matters."""
+        return dict(config)
+
     def constraint_key(self, problem: Problem) -> Hashable:
         """What :meth:`constraint` reads of ``problem``: a sweep plans points with equal keys (on one
         device) once. The default, the whole problem, shares nothing; a spec whose constraint reads

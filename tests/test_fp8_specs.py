@@ -4,7 +4,7 @@ import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
 from moetune.models import get_model
-from moetune.spec import all_specs, get_spec
+from moetune.spec import all_specs, canonical_json, get_spec
 
 NAMES = ("fp8_decode.gate_up", "fp8_decode.down")
 H200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 227 * 1024, 60 << 20, True)
@@ -104,3 +104,80 @@ def test_heuristic_uses_fp8_dots_only_where_measured(name):
         problem = spec.problem(shape, tokens=tokens)
         assert spec.constraint(spec.heuristic(shape, problem.routes, "sm_90"), problem, H200) is None
     assert spec.default["A_FP8"] == 0 and spec.default["BLOCK_SIZE_N"] == 16
+
+
+_CUBIN_PER_STAGES = """
+import hashlib, inspect, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from moetune.kernels import fp8_decode as F
+
+fn = F._route_gemm_kernel
+params = list(inspect.signature(fn.fn).parameters)
+const = {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "SPLIT_K": 4}
+types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
+         "out_ptr": "*fp32"}
+sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
+for stages in (1, 2, 4):
+    src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()})
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4, "num_stages": stages})
+    except (FileNotFoundError, RuntimeError) as e:
+        print("SKIP", e)
+        sys.exit(0)
+    print(stages, hashlib.sha1(k.asm["cubin"]).hexdigest())
+"""
+
+
+def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
+    """Why the constraint keeps the W8A16 GEMV at num_stages 1: Triton pipelines only loads that feed
+    tl.dot, so every value builds the same binary (compiled for sm_90 in a process without the
+    interpreter; no GPU needed). A Triton that starts pipelining these loads fails this test, and the
+    constraint must go."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _CUBIN_PER_STAGES], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    if run.stdout.startswith("SKIP"):
+        pytest.skip(f"cannot compile for sm_90 here: {run.stdout}")
+    hashes = dict(line.split() for line in run.stdout.split("\n") if line.strip())
+    assert set(hashes) == {"1", "2", "4"} and len(set(hashes.values())) == 1, hashes
+
+    spec = get_spec("fp8_decode.gate_up")
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    problem = spec.problem(shape, tokens=1)
+    gemv = {**spec.default, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "SPLIT_K": 4}
+    assert spec.constraint({**gemv, "num_stages": 1}, problem, H200) is None
+    assert "num_stages" in spec.constraint({**gemv, "num_stages": 3}, problem, H200)
+    assert spec.constraint({**gemv, "A_FP8": 2, "num_stages": 3}, problem, H200) is None
+
+
+def test_rows_of_gemv_configs_that_differ_only_in_num_stages_export_as_one(tmp_path):
+    """Stored before the constraint existed: the same W8A16 GEMV at num_stages 1 and 3 is one kernel, so
+    export pools both rows under num_stages 1 and the table passes the constraints."""
+    from moetune.export import export
+    from moetune.store import Store
+    from moetune.tables import read, table_path
+    from moetune.verify import verify
+
+    spec = get_spec("fp8_decode.down")
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    gemv = {**spec.default, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "num_warps": 8}
+    base = dict(kernel=spec.name, device_name="NVIDIA H200", arch="sm_90", shape=canonical_json(shape),
+                tokens=1, routes=8, active_fraction=1.0, routing="uniform", density=8 / 256, status="ok",
+                error=1e-7, spread=0.01, triton_version="3.6.0", strategy="model")
+    with Store(tmp_path / "r.sqlite") as s:
+        s.add({**base, "config": canonical_json(spec.default), "time_ms": 0.010})
+        s.add({**base, "config": canonical_json({**gemv, "num_stages": 3}), "time_ms": 0.0074})
+        s.add({**base, "config": canonical_json({**gemv, "num_stages": 1}), "time_ms": 0.0076})
+    assert export(tmp_path / "r.sqlite", tmp_path / "configs").problems == []
+    path = table_path(tmp_path / "configs", "sm_90", spec.name, shape, device="NVIDIA H200")
+    (entry,) = read(path)["entries"]
+    assert entry["config"] == {**gemv, "num_stages": 1} and entry["time_ms"] == pytest.approx(0.0075)
+    assert [f for f in verify([tmp_path / "configs"], schema_only=True)[1] if f.level == "error"] == []

@@ -77,6 +77,14 @@ class _Fp8DecodeGemm(KernelSpec):
         super().check_config(config)
         F.check_gemm_config(config, self.name)
 
+    def canonical(self, config: Config) -> Config:
+        """The W8A16 GEMV ignores num_stages (see :meth:`constraint`): rows stored with any value are
+        one kernel, filed under num_stages 1."""
+        cfg = dict(config)
+        if cfg.get("ALGO", "route") == "route" and not cfg.get("A_FP8", 0) and not cfg.get("FUSE", 0):
+            cfg["num_stages"] = 1
+        return cfg
+
     def constraint_key(self, problem: Problem) -> tuple:
         """The constraint reads the shape and, for BLOCK_SIZE_M, the routes rounded up to a power of two
         (no further than the space's largest BLOCK_SIZE_M)."""
@@ -94,6 +102,10 @@ class _Fp8DecodeGemm(KernelSpec):
             return "FUSE is a layer option (activation / top_k sum fused in), not a GEMM config"
         if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
             return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
+        if cfg["ALGO"] == "route" and not cfg["A_FP8"] and cfg["num_stages"] != 1:
+            # Triton pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the same sm_90
+            # binary for every num_stages here (tests/test_fp8_specs.py compiles them to check)
+            return "num_stages does not change the W8A16 GEMV (no tl.dot to pipeline); it keeps 1"
         if bn > max(16, _next_pow2(n)):
             return f"BLOCK_SIZE_N {bn} is wider than N {n}"
         if bk > max(128, _next_pow2(k)):
