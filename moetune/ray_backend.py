@@ -69,8 +69,8 @@ class MeasureActor:
         import socket
 
         hello = self.measurer.start()
-        if self.compiler is not None:
-            self.compiler.start()
+        if self.compiler is not None:  # they join as they come up: dozens import torch at once
+            self.compiler.launch()
         return {**hello, "host": socket.gethostname(), "pid": os.getpid(),
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
@@ -101,9 +101,9 @@ class MeasureActor:
             wait([w for p in pools for w in p.waitables()], max(0.0, left) + 0.01)
 
     def _pump(self) -> None:
-        for p in (self.compiler, self.measurer):
-            if p is not None:
-                p.pump()
+        if self.compiler is not None:
+            self.compiler.pump(ready_only=True)
+        self.measurer.pump()
 
     def _harvest(self) -> list[tuple[int, dict[str, Any]]]:
         done = []
@@ -159,6 +159,9 @@ class RayBackend:
         self.actors: list[Any] = []
         self.states: dict[str, WorkerState] = {}
         self._actor_cls: Any = None
+        self._opts: dict[str, Any] = {}
+        self._hellos: list[Any] | None = None  # the actors' hello() calls, from launch() until start()
+        self._launch_error: BaseException | None = None
         self._own_cluster = False
         self._tasks: dict[Any, tuple[dict[str, Any], str]] = {}
         self._queue: collections.deque = collections.deque()
@@ -171,7 +174,17 @@ class RayBackend:
     def workers(self) -> list[str]:
         return list(self.states)
 
-    def start(self) -> DeviceInfo:
+    def launch(self) -> None:
+        """Start (or join) the cluster and create the actors without waiting for them, so they start
+        while the sweep plans; :meth:`start` waits. A failure here is raised by :meth:`start`."""
+        if self._hellos is not None or self._launch_error is not None:
+            return
+        try:
+            self._launch()
+        except Exception as e:  # noqa: BLE001 - start() raises it where the CLI reports start-up errors
+            self._launch_error = e
+
+    def _launch(self) -> None:
         ray = self.ray
         if not ray.is_initialized():
             ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
@@ -187,8 +200,16 @@ class RayBackend:
         self._actor_cls = ray.remote(max_restarts=0, **opts)(MeasureActor)
         self.states = {f"actor{i}": WorkerState(f"actor{i}") for i in range(n)}
         self.actors = [self._new_actor(i) for i in range(n)]
+        self._opts = opts
+        self._hellos = [a.hello.remote() for a in self.actors]
+
+    def start(self) -> DeviceInfo:
+        self.launch()
+        if self._launch_error is not None:
+            raise self._launch_error
+        ray, n, opts = self.ray, len(self.actors), self._opts
         try:
-            hellos = ray.get([a.hello.remote() for a in self.actors], timeout=STARTUP_TIMEOUT_S)
+            hellos = ray.get(self._hellos, timeout=STARTUP_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"--ray: {n} actor(s) did not start within {STARTUP_TIMEOUT_S:.0f} s "
                                f"(does the cluster have {n * opts['num_gpus']:g} free GPU(s) and "

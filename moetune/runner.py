@@ -188,10 +188,14 @@ class WorkerPool:
         self.handles = [WorkerHandle(f"{prefix}{i}", device_index, log_dir) for i in range(size)]
         self.queue: collections.deque = collections.deque()  # (key, task, timeout, admit)
 
-    def start(self) -> dict[str, Any]:
+    def launch(self) -> None:
+        """Start the worker processes without waiting for them (:meth:`start` waits)."""
         for h in self.handles:
             if not h.alive:
                 h.launch()
+
+    def start(self) -> dict[str, Any]:
+        self.launch()
         return [h.wait_ready() for h in self.handles][0]
 
     def add(self, tasks: Iterable[tuple[Any, dict[str, Any]]], timeout: float,
@@ -202,9 +206,21 @@ class WorkerPool:
         else:
             self.queue.extend(items)
 
-    def pump(self) -> None:
-        """Start queued tasks on idle workers; ``admit(key)`` is asked just before a task starts."""
+    def pump(self, ready_only: bool = False) -> None:
+        """Start queued tasks on idle workers; ``admit(key)`` is asked just before a task starts.
+        ``ready_only``: never wait for a worker to start; one still starting (or just started again) joins
+        when it has said hello (a pool that was only launched comes up while tasks queue)."""
         for h in self.handles:
+            if ready_only:
+                if not h.alive:  # never launched, or killed by its last task
+                    h.stop()
+                    h.launch()
+                try:
+                    if not h.ready:
+                        continue
+                except RuntimeError:  # died while starting: start it again on the next pump
+                    h.stop()
+                    continue
             while not h.busy and self.queue:
                 key, task, timeout, admit = self.queue.popleft()
                 if admit is None or admit(key):

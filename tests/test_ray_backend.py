@@ -99,3 +99,18 @@ def test_a_task_that_keeps_losing_actors_is_recorded_as_a_crash_the_rest_requeue
     assert list(backend._queue) == ["b", "c"] and "a" not in backend._tasks  # "b" first, to the next actor
     assert backend.actors == ["actor #0 again"] and backend.states["actor0"].counts["lost"] == 1
     assert 0 not in backend._pending
+
+
+def test_launch_creates_the_actors_at_once_and_start_waits_for_them(cluster):
+    """The CLI launches while it plans: actors exist (and start their workers) before start() is asked."""
+    backend = RayBackend(gpus_per_actor=0.5, timeout=60)
+    try:
+        backend.launch()
+        actors = list(backend.actors)
+        assert len(actors) == 2 and backend.device is None
+        backend.launch()  # a second call changes nothing
+        assert backend.actors == actors
+        device = backend.start()
+        assert device is backend.device and all(st.where for st in backend.states.values())
+    finally:
+        backend.close()
