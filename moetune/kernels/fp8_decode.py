@@ -156,6 +156,21 @@ def _split_rows_kernel(
 
 
 @triton.jit
+def _dot_two_terms(w, hi, lo, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
+    """(hi + lo / 8) times the weights on fp8 tensor cores: hi @ w, or w @ hi with SWAP_AB (hi, lo then
+    K-major); in fp32 where the dot must run in fp32 (the interpreter)."""
+    if DOT_FP32:
+        w = w.to(tl.float32)
+        hi = hi.to(tl.float32)
+        lo = lo.to(tl.float32)
+    if SWAP_AB:
+        d = tl.dot(w, hi) + tl.dot(w, lo) * 0.125
+    else:
+        d = tl.dot(hi, w) + tl.dot(lo, w) * 0.125
+    return d
+
+
+@triton.jit
 def _block_tile(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, e, rows, row_mask, offs_n, n_mask, pid_k, N, K,
     A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se,
@@ -198,61 +213,38 @@ def _block_tile(
             # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
             s = tl.load(s_cols + (tl.minimum(kb, K - 1) // 128) * stride_sk, mask=n_mask,
                         other=0.0).to(tl.float32)
-            if A_FP8 == 2:
-                # as for s: a chunk past K has zero terms, its clamped scale index stays in bounds
-                sa = tl.load(sa_rows + (tl.minimum(kb, K - 1) // 128) * stride_sac, mask=row_mask, other=0.0)
-                if SWAP_AB:
-                    hi_mask = k_mask[:, None] & row_mask[None, :]
-                    hi = tl.load(a_rows[None, :] + offs_k[:, None] * stride_ak, mask=hi_mask, other=0.0)
-                    lo = tl.load(lo_rows[None, :] + offs_k[:, None] * stride_ak, mask=hi_mask, other=0.0)
-                    w = tl.load(w_base[:, None] + offs_k[None, :] * stride_wk,
-                                mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                    if DOT_FP32:
-                        wf = w.to(tl.float32)
-                        d = tl.dot(wf, hi.to(tl.float32)) + tl.dot(wf, lo.to(tl.float32)) * 0.125
+            if A_FP8:
+                if A_FP8 == 2:
+                    # as for s: a chunk past K has zero terms, its clamped scale index stays in bounds
+                    sa = tl.load(sa_rows + (tl.minimum(kb, K - 1) // 128) * stride_sac, mask=row_mask,
+                                 other=0.0)
+                    if SWAP_AB:  # the terms K-major, as the MMA's right operand
+                        hi_mask = k_mask[:, None] & row_mask[None, :]
+                        hi = tl.load(a_rows[None, :] + offs_k[:, None] * stride_ak, mask=hi_mask, other=0.0)
+                        lo = tl.load(lo_rows[None, :] + offs_k[:, None] * stride_ak, mask=hi_mask, other=0.0)
                     else:
-                        d = tl.dot(w, hi) + tl.dot(w, lo) * 0.125
-                    acc += d * s[:, None] * sa[None, :]
+                        hi_mask = row_mask[:, None] & k_mask[None, :]
+                        hi = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak, mask=hi_mask, other=0.0)
+                        lo = tl.load(lo_rows[:, None] + offs_k[None, :] * stride_ak, mask=hi_mask, other=0.0)
                 else:
-                    hi_mask = row_mask[:, None] & k_mask[None, :]
-                    hi = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak, mask=hi_mask, other=0.0)
-                    lo = tl.load(lo_rows[:, None] + offs_k[None, :] * stride_ak, mask=hi_mask, other=0.0)
-                    w = tl.load(w_base[None, :] + offs_k[:, None] * stride_wk,
-                                mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-                    if DOT_FP32:
-                        wf = w.to(tl.float32)
-                        d = tl.dot(hi.to(tl.float32), wf) + tl.dot(lo.to(tl.float32), wf) * 0.125
-                    else:
-                        d = tl.dot(hi, w) + tl.dot(lo, w) * 0.125
-                    acc += d * sa[:, None] * s[None, :]
-            elif A_FP8:
-                a = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
-                            mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-                sa = tl.maximum(tl.max(tl.abs(a), axis=1), 1e-30) * (1.0 / 448.0)
-                q = a / sa[:, None]
-                hi_f = _round_e4m3(q)
-                hi = hi_f.to(tl.float8e4nv)
-                lo = _round_e4m3((q - hi_f) * 8.0).to(tl.float8e4nv)
+                    a = tl.load(a_rows[:, None] + offs_k[None, :] * stride_ak,
+                                mask=row_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+                    sa = tl.maximum(tl.max(tl.abs(a), axis=1), 1e-30) * (1.0 / 448.0)
+                    q = a / sa[:, None]
+                    hi_f = _round_e4m3(q)
+                    hi = hi_f.to(tl.float8e4nv)
+                    lo = _round_e4m3((q - hi_f) * 8.0).to(tl.float8e4nv)
+                    if SWAP_AB:
+                        hi = tl.trans(hi)
+                        lo = tl.trans(lo)
                 if SWAP_AB:
                     w = tl.load(w_base[:, None] + offs_k[None, :] * stride_wk,
                                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                    hi_t = tl.trans(hi)
-                    lo_t = tl.trans(lo)
-                    if DOT_FP32:
-                        wf = w.to(tl.float32)
-                        d = tl.dot(wf, hi_t.to(tl.float32)) + tl.dot(wf, lo_t.to(tl.float32)) * 0.125
-                    else:
-                        d = tl.dot(w, hi_t) + tl.dot(w, lo_t) * 0.125
-                    acc += d * s[:, None] * sa[None, :]
+                    acc += _dot_two_terms(w, hi, lo, True, DOT_FP32) * s[:, None] * sa[None, :]
                 else:
                     w = tl.load(w_base[None, :] + offs_k[:, None] * stride_wk,
                                 mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-                    if DOT_FP32:
-                        wf = w.to(tl.float32)
-                        d = tl.dot(hi.to(tl.float32), wf) + tl.dot(lo.to(tl.float32), wf) * 0.125
-                    else:
-                        d = tl.dot(hi, w) + tl.dot(lo, w) * 0.125
-                    acc += d * sa[:, None] * s[None, :]
+                    acc += _dot_two_terms(w, hi, lo, False, DOT_FP32) * sa[:, None] * s[None, :]
             elif SWAP_AB:
                 a = tl.load(a_rows[None, :] + offs_k[:, None] * stride_ak,
                             mask=k_mask[:, None] & row_mask[None, :], other=0.0)
