@@ -284,6 +284,26 @@ class _Search:
     final_obs: list = field(default_factory=list)
 
 
+class BusyClock:
+    """How busy the measuring workers were: their task seconds over workers x (first task start .. last
+    result). Well under 1 means they waited for compiles: the sweep is bound by the CPU, not the GPUs."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self.span: tuple[float, float] | None = None
+
+    def add(self, end: float, task_s: float) -> None:
+        """A result received at ``end`` (monotonic seconds) whose task took ``task_s``."""
+        self.busy_s += task_s
+        start = end - task_s if self.span is None else min(self.span[0], end - task_s)
+        self.span = (start, max(end, self.span[1]) if self.span else end)
+
+    def fraction(self, workers: int) -> float | None:
+        if self.span is None or workers < 1 or self.span[1] <= self.span[0]:
+            return None
+        return self.busy_s / (workers * (self.span[1] - self.span[0]))
+
+
 class ParallelSweep(Sweep):
     """A :class:`Sweep` whose runner is a parallel backend (``capacity``/``submit``/``poll``/``workers``).
 
@@ -297,6 +317,12 @@ class ParallelSweep(Sweep):
     def __init__(self, *args: Any, prefetch: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.prefetch = prefetch
+        self.busy = BusyClock()
+
+    @property
+    def measuring_busy(self) -> float | None:
+        """Share of the measuring workers' time spent on tasks (see :class:`BusyClock`)."""
+        return self.busy.fraction(len(self.runner.workers))
 
     def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
         if self.runner.device is None:
@@ -433,6 +459,8 @@ class ParallelSweep(Sweep):
             if s.strategy is not None:
                 s.strategy.observe([obs])
                 s.idle = False
+        if res.get("wall_ms") is not None:
+            self.busy.add(t0, res["wall_ms"] / 1e3)
         if "kernel_ms" in res and "parent_ms" in res:
             store_ms = (time.monotonic() - t0) * 1e3
             self.overhead_ms.append(res["parent_ms"] + store_ms - res["kernel_ms"])

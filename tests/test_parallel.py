@@ -13,7 +13,7 @@ from moetune.cli import app
 from moetune.device import INTERPRETER
 from moetune.export import export
 from moetune.models import get_model
-from moetune.parallel import LocalBackend, ParallelSweep, make_runner, parse_gpus
+from moetune.parallel import BusyClock, LocalBackend, ParallelSweep, make_runner, parse_gpus
 from moetune.runner import Runner
 from moetune.spec import canonical_json, get_spec
 from moetune.store import Store
@@ -90,7 +90,7 @@ class FakeBackend:
             self.ran.append((task["problem"].tokens, canonical_json(cfg)))
             t = 1.0 + (hash(canonical_json(cfg)) % 97) / 10
             worker = self.workers[len(out) % len(self.workers)]
-            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1}, worker))
+            out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1, "wall_ms": 1.0}, worker))
             if len(out) == 2:  # results arrive a few at a time
                 break
         return out
@@ -114,6 +114,28 @@ def test_driver_measures_every_candidate_once_across_points(tmp_path):
     for t in (1, 2, 4):  # the default is each point's first row, the baseline
         assert rows[rows["tokens"] == t].iloc[0]["config"] == default
     assert all(pt.baseline is not None and sum(pt.counts.values()) == 6 for pt in points)
+
+
+def test_busy_clock_tells_a_compile_bound_sweep_from_a_gpu_bound_one():
+    fed = BusyClock()  # one worker, back-to-back 0.5 s tasks
+    for end in (10.0, 10.5, 11.0):
+        fed.add(end, 0.5)
+    assert fed.fraction(1) == pytest.approx(1.0)
+    starved = BusyClock()  # the same tasks, 2 s apart: 1.5 s of work in 4.5 s
+    for end in (10.0, 12.0, 14.0):
+        starved.add(end, 0.5)
+    assert starved.fraction(1) == pytest.approx(1 / 3)
+    assert starved.fraction(2) == pytest.approx(1 / 6)  # two workers sharing that work
+    assert BusyClock().fraction(1) is None
+
+
+def test_driver_reports_how_busy_its_measuring_workers_were(tmp_path):
+    backend = FakeBackend(2)
+    with Store(tmp_path / "r.sqlite") as store:
+        sweep = ParallelSweep(store, backend, strategy="exhaustive")
+        sweep.run(_problems("test.steady", [1]))
+    assert sweep.busy.busy_s == pytest.approx(6 * 1e-3)  # 6 results of 1 ms each
+    assert sweep.measuring_busy is not None and sweep.measuring_busy > 0
 
 
 @pytest.mark.parametrize("workers", [1, 3])

@@ -244,6 +244,10 @@ def sweep(
 
         phases = pd.DataFrame(sw.phases_ms).median()
         console.print("per candidate, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    busy = getattr(sw, "measuring_busy", None)
+    if busy is not None and not interpreter:
+        console.print(f"measuring workers busy {busy:.0%} of the time between their first task and the last "
+                      "result" + (" (the rest waiting for compiles: compile-bound)" if busy < 0.85 else ""))
     steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
     console.print(f"start-up, s after planning began: {steps}")
     if sw.timed_out:
