@@ -8,10 +8,14 @@ its own empty Triton cache (so each pays its own compiles, as a first sweep on a
   default then);
 - ``all``: ``--gpus all``: one measuring worker per GPU;
 - ``ray``: ``--ray``: a local Ray cluster, one actor per GPU;
-- ``one-pf``, ``all-pf``: ``one`` and ``all`` with ``--prefetch`` (compiling the search's guesses ahead).
+- ``one-pf``, ``all-pf``: ``one`` and ``all`` with ``--prefetch`` (compiling the search's guesses ahead);
+- ``one-share``: ``one`` with only its share of the host's cores compiling (cores / GPUs - 1), as on a
+  one-GPU machine of the same build: the baseline for how a sweep scales when each GPU brings its
+  CPUs (Ray over several machines), since on one host a second GPU adds no compile capacity.
 
-Reports wall time, time to the first stored row, rows, duplicates and statuses per mode; scaling
-efficiency = t(one) / (n * t(n GPUs)); per point, each mode's best time against the ``one`` run's
+Reports wall time, time to the first stored row, rows, duplicates and statuses per mode, and how busy
+the measuring workers were (the sweep's own report); scaling efficiency = t(one) / (n * t(n GPUs)), and
+against ``one-share`` where it ran; per point, each mode's best time against the ``one`` run's
 (do the tables agree?). Writes ``scaling.json`` and each mode's store and log under ``--out`` and
 prints a table last. ``--smoke`` runs it on the tiny model through the interpreter.
 
@@ -26,6 +30,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 
 POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 FLAGS = {"one": ["--gpus", "0"], "all": ["--gpus", "all"], "ray": ["--ray"],
-         "one-pf": ["--gpus", "0", "--prefetch"], "all-pf": ["--gpus", "all", "--prefetch"]}
+         "one-pf": ["--gpus", "0", "--prefetch"], "all-pf": ["--gpus", "all", "--prefetch"],
+         "one-share": ["--gpus", "0"]}  # plus --jobs, its share of the cores, once the GPUs are counted
 
 
 def gpus_of(mode: str, count: int) -> int:
@@ -101,6 +107,8 @@ def main() -> None:
         ap.error(f"unknown mode(s) {unknown}; known: {sorted(FLAGS)}")
     for mode in args.modes.split(","):
         flags = FLAGS.get(mode, [])
+        if mode == "one-share":
+            flags = ["--gpus", "0", "--jobs", str(max(1, (os.cpu_count() or 2) // max(count, 1) - 1))]
         db = args.out / f"{mode}.sqlite"
         db.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "moetune", "sweep", *sweep, "--seed", "0", "--db", str(db), "--quiet",
@@ -118,7 +126,9 @@ def main() -> None:
         (args.out / f"{mode}.log").write_text(" ".join(cmd) + "\n" + str(log))
         print(f"== {mode}: rc {rc}, {wall:.1f} s\n{str(log)[-1500:]}", flush=True)
         if db.exists():
-            runs.append({**summarize(mode, db, wall, started), "rc": rc, "gpus": gpus_of(mode, count)})
+            busy = re.search(r"measuring workers busy (\d+)%", str(log))
+            runs.append({**summarize(mode, db, wall, started), "rc": rc, "gpus": gpus_of(mode, count),
+                         "flags": flags, "busy": int(busy.group(1)) / 100 if busy else None})
 
     by_mode = {r["mode"]: r for r in runs}
     bests = {r["mode"]: best_per_point(args.out / f"{r['mode']}.sqlite") for r in runs}
@@ -126,6 +136,8 @@ def main() -> None:
         base = by_mode.get("one" + r["mode"][len(r["mode"].split("-")[0]):])
         if base and r["gpus"] > 1:
             r["efficiency"] = round(base["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
+        if "one-share" in by_mode and r["gpus"] > 1:
+            r["efficiency_vs_share"] = round(by_mode["one-share"]["wall_s"] / (r["gpus"] * r["wall_s"]), 3)
         if "one" in bests:  # each point's best against the one-GPU run's best
             mine = bests[r["mode"]]
             ratios = [mine[k][0] / t for k, (t, _) in bests["one"].items() if k in mine]
@@ -136,15 +148,16 @@ def main() -> None:
                                                        "bests": bests}, indent=1, default=str))
     print(f"\nmoetune sweep {' '.join(sweep)}  (GPUs on this host: {count}; each mode with an empty Triton "
           "cache)")
-    print(f"{'mode':6} {'gpus':>4} {'wall s':>7} {'1st row s':>9} {'rows':>5} {'dup':>4} {'ok':>4} "
-          f"{'eff':>6} {'best/one min..max':>18} {'same winner':>11}")
+    print(f"{'mode':9} {'gpus':>4} {'wall s':>7} {'1st row s':>9} {'rows':>5} {'dup':>4} {'ok':>4} "
+          f"{'eff':>5} {'eff/sh':>6} {'busy':>5} {'best/one min..max':>18} {'same winner':>11}")
     for r in runs:
         ratios = r.get("best_vs_one") or []
         span = f"{min(ratios):.3f}..{max(ratios):.3f}" if ratios else "-"
-        eff = f"{r['efficiency']:.0%}" if "efficiency" in r else "-"
-        print(f"{r['mode']:6} {r['gpus']:>4} {r['wall_s']:>7} {r['first_row_s']!s:>9} {r['rows']:>5} "
-              f"{r['duplicates']:>4} {r['statuses'].get('ok', 0):>4} {eff:>6} {span:>18} "
-              f"{r.get('same_winner', '-')!s:>6}/{len(ratios)}")
+        eff, share, busy = (f"{r[k]:.0%}" if r.get(k) is not None else "-"
+                            for k in ("efficiency", "efficiency_vs_share", "busy"))
+        print(f"{r['mode']:9} {r['gpus']:>4} {r['wall_s']:>7} {r['first_row_s']!s:>9} {r['rows']:>5} "
+              f"{r['duplicates']:>4} {r['statuses'].get('ok', 0):>4} {eff:>5} {share:>6} {busy:>5} "
+              f"{span:>18} {r.get('same_winner', '-')!s:>6}/{len(ratios)}")
 
 
 if __name__ == "__main__":
