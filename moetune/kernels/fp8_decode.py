@@ -45,6 +45,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ..activations import ACTIVATIONS, gated_activation
 from ..device import interpreter_active
@@ -62,6 +63,16 @@ _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
 
 
 # ---- kernels ------------------------------------------------------------------------------------
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (sm_90+, a launch with ``launch_pdl``): wait until the previous
+    kernel's writes are visible, then let the next kernel's programs launch and wait the same way, so
+    launches overlap the kernel before instead of following its last program. Nothing without PDL."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
 @triton.jit
 def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, ROW_SCALES: tl.constexpr):
@@ -95,10 +106,11 @@ def _route_gemm_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
     * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation."""
+    _pdl_enter(PDL)
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -135,12 +147,13 @@ def _round_e4m3(v):
 @triton.jit
 def _split_rows_kernel(
     a_ptr, hi_ptr, lo_ptr, sa_ptr, K, CHUNKS_TOTAL, stride_am, stride_ak, stride_hm, stride_hk,
-    stride_sam, stride_sac, CHUNKS: tl.constexpr,
+    stride_sam, stride_sac, CHUNKS: tl.constexpr, PDL: tl.constexpr,
 ):
     """A_FP8 2's activation split, once per GEMM: program (row, chunk group) writes CHUNKS 128-K chunks of
     row ``a[row]`` as hi = fp8(q), lo = fp8(8 (q - hi)), q = a / sa, sa = amax / 448 (A_FP8 1's terms, to
     the bit); hi and lo share strides. Elements past K are not written; a chunk's scale covers its part
     below K."""
+    _pdl_enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     chunks = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
     offs_k = chunks[:, None] * 128 + tl.arange(0, 128)[None, :]
@@ -294,11 +307,12 @@ def _grouped_gemm_kernel(
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
-    A_FP8: tl.constexpr,
+    A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Expert-grouped product: program (m, n tile, K split) takes M block m of ``align_routes``' sorted
     route ids (NUM_BLOCKS blocks); blocks past the used ones exit at once, and programs past NUM_BLOCKS
     write the zero rows of inactive routes. ``lo_ptr``, ``sa_ptr``: as ``_block_tile`` (A_FP8 2 only)."""
+    _pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -325,11 +339,12 @@ def _route_dot_kernel(
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr,
+    SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """The route grid on tensor cores (A_FP8 1 or 2): program (route, N tile, K split) runs ``_block_tile``
     with its one route in column 0 of a 16-wide block (the other columns masked off: MMA work is free at
     decode, and no fp8 weight is converted on the CUDA cores)."""
+    _pdl_enter(PDL)
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -352,11 +367,13 @@ def _route_dot_kernel(
 def _align_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, R, MAX_BLOCKS, E,
     BLOCK_SIZE_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr, FILL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: bucket the active routes by expert, each bucket padded to BLOCK_SIZE_M.
 
     Writes block_expert[b] (expert of M block b, -1 past the used blocks) and sorted[b * BLOCK_SIZE_M + i]
     (route ids, R for padding). Counts and ranks come from one-hot sums, so the result is deterministic."""
+    _pdl_enter(PDL)
     experts = tl.arange(0, E_P2)
     lane = tl.arange(0, CHUNK)
     counts = tl.zeros([E_P2], tl.int32)
@@ -388,12 +405,13 @@ def _align_kernel(
 @triton.jit
 def _align_sort_kernel(
     ids_ptr, sorted_ptr, block_expert_ptr, shift_ptr, R, MAX_BLOCKS, E,
-    BLOCK_SIZE_M: tl.constexpr, R_P2: tl.constexpr, BINS: tl.constexpr, FILL: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, R_P2: tl.constexpr, BINS: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
 ):
     """``_align_kernel``'s result (the same bytes) from one histogram and one sort of R_P2 keys
     (expert * R_P2 + route) instead of [chunk, E] one-hot tiles: sorted key i of expert e goes to padded
     position i + (padded start - start)[e], staged through ``shift_ptr`` [BINS]; the first route of each
     M block names the block's expert."""
+    _pdl_enter(PDL)
     lane = tl.arange(0, R_P2)
     ids = tl.load(ids_ptr + lane, mask=lane < R, other=-1).to(tl.int32)
     active = ids >= 0
@@ -434,9 +452,11 @@ def _gate_act(g, u, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
 def _gated_act_kernel(
     gu_ptr, out_ptr, ids_ptr, I, stride_gs, stride_gm, stride_om, limit,
     SPLITS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[r] = act(gate, up), gate/up = the sum of the gate/up GEMM's SPLITS partials [.., :I] / [.., I:];
     inactive routes get zeros, unread. Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu)."""
+    _pdl_enter(PDL)
     r = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
@@ -455,9 +475,10 @@ def _gated_act_kernel(
 
 @triton.jit
 def _sum_topk_kernel(y_ptr, ids_ptr, out_ptr, H, TOP_K, stride_ys, stride_ym, stride_om,
-                     SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+                     SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     """out[m] = sum over active routes r of token m and over the down GEMM's SPLITS partials of y[split, r]
     (fp32), cast to out's dtype."""
+    _pdl_enter(PDL)
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < H
@@ -476,12 +497,13 @@ def _fused_gate_up_act_kernel(
     x_ptr, w_ptr, s_ptr, ids_ptr, out_ptr, I, K, A_ROW_DIV, limit,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
     ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, UP_ROW_SCALES: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, UP_ROW_SCALES: tl.constexpr, PDL: tl.constexpr,
 ):
     """gate/up GEMV and the activation in one launch (FUSE, SPLIT_K 1): program (route, I tile) computes
     the gate rows [n, n + BN) and the up rows [I + n, ..) of its expert and writes act(gate, up) in out's
     dtype; no fp32 gate/up buffer, one graph node less. UP_ROW_SCALES: I % BN != 0, so an up tile may
     straddle two scale blocks."""
+    _pdl_enter(PDL)
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -513,11 +535,12 @@ def _fused_gate_up_act_kernel(
 def _fused_down_sum_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, TOP_K,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om,
-    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """Down GEMV, routing weight and top_k sum in one launch (FUSE, SPLIT_K 1): program (token, N tile)
     owns its output tile and adds its active routes' rows in registers (no atomics, no per-route buffer,
     one graph node less); inactive routes are skipped before any read."""
+    _pdl_enter(PDL)
     m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -579,6 +602,13 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
     return cfg
 
 
+def _pdl(pdl: bool) -> dict[str, bool]:
+    """Kernel arguments for programmatic dependent launch (``_pdl_enter``); the interpreter has no
+    concurrent kernels, so it always runs without."""
+    on = bool(pdl) and not interpreter_active()
+    return {"PDL": on, "launch_pdl": on}
+
+
 def max_blocks(routes: int, num_experts: int, block_m: int) -> int:
     """Most M blocks any routing of ``routes`` rows over ``num_experts`` experts can fill."""
     return min(routes, triton.cdiv(routes, block_m) + min(num_experts, routes))
@@ -592,8 +622,8 @@ ALIGN_METHOD = "sort"
 _SORT_MAX_ROUTES = 4096  # one program sorts all routes in registers; above, "onehot" runs instead
 
 
-def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None, *,
+                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Bucket routes by expert: (sorted route ids [max_blocks * block_m] int32, padding = R;
     block_expert [max_blocks] int32, -1 for unused blocks). Within an expert, routes keep their order.
 
@@ -613,14 +643,15 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method:
         shift = torch.empty(bins, dtype=torch.int32, device=ids.device)
         _align_sort_kernel[(1,)](ids, sorted_ids, block_expert, shift, routes, nb, num_experts,
                                  BLOCK_SIZE_M=block_m, R_P2=max(16, triton.next_power_of_2(routes)),
-                                 BINS=bins, FILL=1024, num_warps=8)
+                                 BINS=bins, FILL=1024, num_warps=8, **_pdl(pdl))
     elif routes:
         # one program walks every route twice; [CHUNK, E] one-hot tiles of 8K elements measured faster
         # on the H200 than 32K-element ones (12.7 vs 40.7 us at 128 routes over 256 experts)
         e_p2 = triton.next_power_of_2(num_experts)
         chunk = max(16, min(128, 8192 // e_p2))
         _align_kernel[(1,)](ids, sorted_ids, block_expert, routes, nb, num_experts,
-                            BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=1024, num_warps=8)
+                            BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=1024, num_warps=8,
+                            **_pdl(pdl))
     return sorted_ids, block_expert
 
 
@@ -650,7 +681,7 @@ def _check_split(split: Any, rows: int, k: int, device: torch.device, name: str)
     return hi, lo, sa
 
 
-def split_fp8_rows(a: torch.Tensor, out: SplitRows | None = None) -> SplitRows:
+def split_fp8_rows(a: torch.Tensor, out: SplitRows | None = None, *, pdl: bool = False) -> SplitRows:
     """A_FP8 2's activation split of ``a [rows, K]`` (any strides, any ``ACT_DTYPES``): per row and 128-K
     chunk, sa = max(amax, 1e-30) / 448, q = a / sa, hi = fp8(q), lo = fp8(8 (q - hi)), so that
     a ~= (hi + lo / 8) * sa within ~1e-3. Returns (hi [rows, K] e4m3, lo [rows, K] e4m3,
@@ -668,7 +699,7 @@ def split_fp8_rows(a: torch.Tensor, out: SplitRows | None = None) -> SplitRows:
         group = min(_SPLIT_CHUNKS, triton.next_power_of_2(chunks))
         _split_rows_kernel[(rows, triton.cdiv(chunks, group))](
             a, hi, lo, sa, k, chunks, a.stride(0), a.stride(1), hi.stride(0), hi.stride(1), sa.stride(0),
-            sa.stride(1), CHUNKS=group, num_warps=4)
+            sa.stride(1), CHUNKS=group, num_warps=4, **_pdl(pdl))
     return hi, lo, sa
 
 
@@ -676,7 +707,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                    out: torch.Tensor, config: Mapping[str, Any], *, a_row_div: int = 1,
                    topk_weights: torch.Tensor | None = None,
                    aligned: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   a_split: SplitRows | None = None) -> torch.Tensor:
+                   a_split: SplitRows | None = None, pdl: bool = False) -> torch.Tensor:
     """``out[r, :] = (topk_weights[r] *) a[r // a_row_div] @ dequant(w[topk_ids[r]]).T`` for every route r.
 
     Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32, either
@@ -685,7 +716,8 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     grouped algorithm (computed here when None). Rows of inactive routes are zero.
 
     A_FP8 2 runs ``split_fp8_rows(a)`` first (one launch more), unless ``a_split`` gives that split of
-    ``a`` (checked: shapes, dtypes; ValueError naming it); ``a_split`` with another A_FP8 is a ValueError."""
+    ``a`` (checked: shapes, dtypes; ValueError naming it); ``a_split`` with another A_FP8 is a ValueError.
+    ``pdl``: every launch here uses programmatic dependent launch (``_pdl_enter``)."""
     cfg = check_gemm_config(config)
     if a_split is not None:
         if cfg["A_FP8"] != 2:
@@ -695,7 +727,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     if out.dim() == 2 and split > 1:
         partials = torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
         fp8_block_gemm(a, w, w_scale, topk_ids, partials, cfg, a_row_div=a_row_div,
-                       topk_weights=topk_weights, aligned=aligned, a_split=a_split)
+                       topk_weights=topk_weights, aligned=aligned, a_split=a_split, pdl=pdl)
         return torch.sum(partials, dim=0, out=out)
     parts = out if out.dim() == 3 else out.unsqueeze(0)
     if parts.shape[0] != split or parts.stride(2) != 1:
@@ -709,12 +741,12 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
         return out
     common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
                   BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_K=split,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_pdl(pdl))
     w_strides = (*w.stride(), *w_scale.stride(), parts.stride(0), parts.stride(1))
     n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
     a_mode = cfg["A_FP8"]
     if a_mode == 2:  # the tl.dot kernels read the hi term as their A operand, lo and sa beside it
-        hi, lo, sa = a_split if a_split is not None else split_fp8_rows(a)
+        hi, lo, sa = a_split if a_split is not None else split_fp8_rows(a, pdl=pdl)
         a_args = (hi, lo, sa)
         a_strides = (hi.stride(0), hi.stride(1), sa.stride(0), sa.stride(1))
         # fp8 dots on the GPU whatever a's dtype; the interpreter's fp8 tl.dot is wrong (3.9): fp32 there
@@ -736,7 +768,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                 **common)
         return out
     if aligned is None:
-        aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"])
+        aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"], pdl=pdl)
     sorted_ids, block_expert = aligned
     nb = block_expert.numel()
     zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"])
@@ -749,7 +781,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
 
 def fused_gate_up_act(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, topk_ids: torch.Tensor,
                       out: torch.Tensor, config: Mapping[str, Any], activation: str,
-                      limit: float | None = None) -> torch.Tensor:
+                      limit: float | None = None, pdl: bool = False) -> torch.Tensor:
     """``out [R, I] = act(x[r // top_k] @ dequant(w13[ids[r]]).T)`` in one launch (a FUSE config);
     zeros for inactive routes."""
     cfg = check_gemm_config(config)
@@ -762,12 +794,13 @@ def fused_gate_up_act(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tenso
             float(limit) if limit is not None else 0.0, x.stride(0), x.stride(1), *w13.stride(),
             *w13_scale.stride(), out.stride(0), ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None,
             BLOCK_SIZE_N=bn, BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], UP_ROW_SCALES=inter % bn != 0,
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_pdl(pdl))
     return out
 
 
 def fused_down_sum(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, topk_ids: torch.Tensor,
-                   topk_weights: torch.Tensor, out: torch.Tensor, config: Mapping[str, Any]) -> torch.Tensor:
+                   topk_weights: torch.Tensor, out: torch.Tensor, config: Mapping[str, Any],
+                   pdl: bool = False) -> torch.Tensor:
     """``out [M, H] = sum_j rw[m, j] * act[m * top_k + j] @ dequant(w2[ids[m, j]]).T`` over active routes,
     in one launch (a FUSE config), cast to out's dtype."""
     cfg = check_gemm_config(config)
@@ -778,12 +811,12 @@ def fused_down_sum(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, 
             act, w2, w2_scale, topk_ids.reshape(-1), topk_weights.reshape(-1), out, h, w2.shape[2],
             act.shape[0] // m, act.stride(0), act.stride(1), *w2.stride(), *w2_scale.stride(), out.stride(0),
             BLOCK_SIZE_N=bn, BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], num_warps=cfg["num_warps"],
-            num_stages=cfg["num_stages"])
+            num_stages=cfg["num_stages"], **_pdl(pdl))
     return out
 
 
 def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, activation: str,
-                          limit: float | None = None) -> torch.Tensor:
+                          limit: float | None = None, pdl: bool = False) -> torch.Tensor:
     """``out [R, I] = act(gate, up)`` per active route, zeros for inactive ones; ``gu`` is the gate/up
     output, [R, 2I] or [splits, R, 2I] partial sums."""
     routes, inter = out.shape
@@ -793,11 +826,12 @@ def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.T
         _gated_act_kernel[(routes, triton.cdiv(inter, block))](
             parts, out, topk_ids.reshape(-1), inter, parts.stride(0), parts.stride(1), out.stride(0),
             float(limit) if limit is not None else 0.0, SPLITS=parts.shape[0],
-            ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block, num_warps=4)
+            ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block, num_warps=4,
+            **_pdl(pdl))
     return out
 
 
-def sum_topk(y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def sum_topk(y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """``out [M, H] = sum_j y[m * top_k + j]`` over active routes; ``y`` is [R, H] or [splits, R, H]."""
     m, h = out.shape
     parts = y if y.dim() == 3 else y.unsqueeze(0)
@@ -806,7 +840,7 @@ def sum_topk(y: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor) -> torc
         block = min(1024, triton.next_power_of_2(h))
         _sum_topk_kernel[(m, triton.cdiv(h, block))](
             parts, topk_ids.reshape(-1), out, h, top_k, parts.stride(0), parts.stride(1), out.stride(0),
-            SPLITS=parts.shape[0], BLOCK=block, num_warps=4)
+            SPLITS=parts.shape[0], BLOCK=block, num_warps=4, **_pdl(pdl))
     return out
 
 
@@ -909,8 +943,8 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
 def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                    activation: str = "silu", swiglu_limit: float | None = None,
-                   config: Mapping[str, Any] | None = None, fused: bool = False, validate: bool = False
-                   ) -> torch.Tensor:
+                   config: Mapping[str, Any] | None = None, fused: bool = False, validate: bool = False,
+                   pdl: bool = False) -> torch.Tensor:
     """MoE layer output ``[M, H]`` in x's dtype for block-FP8 experts; routes with id -1 contribute 0.
 
     Shapes: x [M, H]; w13 [E, 2I, H] fp8 (gate rows, then up rows); w13_scale [E, ceil(2I/128),
@@ -927,7 +961,13 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     its GEMVs have no split-K, so at 8/8 active it takes 82.3 / 102.8 / 241.2 / 837.4 us vs 27.1 / 70.5 /
     198.6 / 506.5 us (3x slower at 1 token), and at 2/8 it loses at 1 / 4 / 16 tokens (76.8 vs 19.9 us at
     1 token) and ties at 64 (259.3 vs 270.6 us).
+
+    ``pdl=True`` launches every kernel with programmatic dependent launch (sm_90+; ignored by the
+    interpreter): each waits for the previous kernel's writes at its start, and lets the next one launch
+    right after, so at decode the launches overlap instead of following each other. Not yet measured.
     """
+    if not isinstance(pdl, bool):
+        raise ValueError(f"pdl must be True or False, got {pdl!r}")
     m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                           activation, swiglu_limit)
     dtype = _dtype_name(x.dtype)
@@ -942,7 +982,7 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
         return x.new_empty((0, h))
     buffers = layer_buffers(m, top_k, h, inter, x.dtype, cfg, x.device)
     return decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, cfg, buffers,
-                           activation, swiglu_limit)
+                           activation, swiglu_limit, pdl)
 
 
 def layer_buffers(m: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype,
@@ -959,38 +999,38 @@ def layer_buffers(m: int, top_k: int, hidden: int, inter: int, dtype: torch.dtyp
 
 def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, config: Mapping[str, dict],
                     buffers: Mapping[str, torch.Tensor], activation: str = "silu",
-                    swiglu_limit: float | None = None) -> torch.Tensor:
+                    swiglu_limit: float | None = None, pdl: bool = False) -> torch.Tensor:
     """The launches of ``fp8_decode_moe`` on checked inputs and resolved configs, writing the caller's
     ``buffers`` (``layer_buffers``), so a CUDA-graph test can poison every intermediate before a replay.
-    Returns ``buffers["out"]``."""
+    Returns ``buffers["out"]``. ``pdl``: every Triton launch uses programmatic dependent launch."""
     e, top_k = w13.shape[0], topk_ids.shape[1]
     ids = topk_ids.reshape(-1).contiguous()
     rw = topk_weights.reshape(-1).contiguous()
     aligned: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for c in config.values():
         if c["ALGO"] == "grouped" and c["BLOCK_SIZE_M"] not in aligned:
-            aligned[c["BLOCK_SIZE_M"]] = align_routes(ids, e, c["BLOCK_SIZE_M"])
+            aligned[c["BLOCK_SIZE_M"]] = align_routes(ids, e, c["BLOCK_SIZE_M"], pdl=pdl)
     gu, act = buffers["gate_up"], buffers["act"]
     if config["gate_up"].get("FUSE"):
-        fused_gate_up_act(x, w13, w13_scale, ids, act, config["gate_up"], activation, swiglu_limit)
+        fused_gate_up_act(x, w13, w13_scale, ids, act, config["gate_up"], activation, swiglu_limit, pdl=pdl)
     else:
         fp8_block_gemm(x, w13, w13_scale, ids, gu, config["gate_up"], a_row_div=top_k,
-                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]))
-        gated_activation_rows(gu, ids, act, activation, swiglu_limit)
+                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl)
+        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl)
     if config["down"].get("FUSE"):
-        return fused_down_sum(act, w2, w2_scale, ids, rw, buffers["out"], config["down"])
+        return fused_down_sum(act, w2, w2_scale, ids, rw, buffers["out"], config["down"], pdl=pdl)
     fp8_block_gemm(act, w2, w2_scale, ids, buffers["down"], config["down"], topk_weights=rw,
-                   aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]))
-    return sum_topk(buffers["down"], ids, buffers["out"])
+                   aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]), pdl=pdl)
+    return sum_topk(buffers["down"], ids, buffers["out"], pdl=pdl)
 
 
 def fp8_decode_moe_reference(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                              w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                              activation: str = "silu", swiglu_limit: float | None = None,
                              config: Mapping[str, Any] | None = None, fused: bool = False,
-                             validate: bool = False) -> torch.Tensor:
-    """fp32 torch on the dequantized weights of the experts actually routed to (``config``, ``fused``
-    ignored);
+                             validate: bool = False, pdl: bool = False) -> torch.Tensor:
+    """fp32 torch on the dequantized weights of the experts actually routed to (``config``, ``fused``,
+    ``pdl`` ignored);
     inactive routes contribute 0 and their experts' storage is never read."""
     m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                           activation, swiglu_limit)

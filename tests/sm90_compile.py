@@ -1,0 +1,44 @@
+"""Compile moetune's Triton kernels for sm_90 on a machine with no GPU (Triton's bundled ptxas), in a
+process without the interpreter, so CPU tests can check what the GPU would run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+_SCRIPT = r"""
+import hashlib, importlib, inspect, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+out = []
+for job in json.loads(sys.argv[1]):
+    module, name = job["kernel"].rsplit(".", 1)
+    fn = getattr(importlib.import_module(module), name)
+    params = list(inspect.signature(fn.fn).parameters)
+    const = job["const"]
+    sig = {p: "constexpr" if p in const else job["types"].get(p, "i32") for p in params}
+    src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()})
+    try:
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
+    except (FileNotFoundError, RuntimeError) as e:
+        print(json.dumps({"skip": str(e)}))
+        sys.exit(0)
+    out.append({"cubin": hashlib.sha1(k.asm["cubin"]).hexdigest(), "ptx": k.asm["ptx"]})
+print(json.dumps({"results": out}))
+"""
+
+
+def compile_sm90(jobs: list[dict]) -> list[dict] | str:
+    """Per job ({"kernel": "module.name", "const": {...}, "types": {arg: "*bf16", ...}, "options":
+    {"num_warps": .., ...}}; arguments not named are i32): {"cubin": sha1, "ptx": text}. A string says
+    why this Triton cannot compile for sm_90 here (the caller skips)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(jobs)], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reply = json.loads(run.stdout.strip().splitlines()[-1])
+    return reply.get("skip") or reply["results"]
