@@ -44,9 +44,9 @@ TOP_K = 8
 TOL = 1e-2
 
 
-def cfg(algo, bn, bk, split, warps=4, stages=1, bm=16, swap=0, a8=0, fuse=0):
+def cfg(algo, bn, bk, split, warps=4, stages=1, bm=16, swap=0, a8=0, fuse=0, pf=0):
     return dict(ALGO=algo, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, SPLIT_K=split, SWAP_AB=swap,
-                A_FP8=a8, FUSE=fuse, num_warps=warps, num_stages=stages)
+                A_FP8=a8, FUSE=fuse, PREFETCH=pf, num_warps=warps, num_stages=stages)
 
 
 # session 1's best hand configs per (GEMM, tokens), results/fp8_decode.md run 2
@@ -54,18 +54,22 @@ OLD = {("gate_up", 1): cfg("route", 128, 512, 4, 8), ("gate_up", 4): cfg("route"
        ("gate_up", 16): cfg("route", 128, 256, 1, 8), ("gate_up", 64): cfg("grouped", 64, 256, 2, 4, 3),
        ("down", 1): cfg("route", 128, 256, 1, 8), ("down", 4): cfg("route", 128, 256, 1, 8),
        ("down", 16): cfg("route", 128, 256, 1, 8), ("down", 64): cfg("grouped", 128, 128, 1, 4, 3)}
-# session 2's winners, then A_FP8 2 (activations split once by their own launch, both MMA operands
+# session 2's winners, W8A16 GEMVs that load their next K chunk before multiplying this one (PREFETCH,
+# session 4, not yet timed), then A_FP8 2 (activations split once by their own launch, both MMA operands
 # through the pipelined loads: vLLM's w8a8 kernel's data flow with two activation terms); vLLM's H200
 # table picks BM16 BN128 BK128 w4 st3-4 for this shape at every batch up to 512
 NEW = {
     "gate_up": [cfg("route", 128, 512, 4, 8, 2), cfg("route", 32, 128, 8, 2, 1),
+                cfg("route", 32, 128, 8, 2, pf=1), cfg("route", 64, 128, 8, 4, pf=1),
+                cfg("route", 32, 128, 16, 2, pf=1),
                 cfg("grouped", 128, 128, 2, 4, 4, swap=1, a8=1),
                 cfg("route", 128, 256, 4, 4, 3, a8=2), cfg("route", 64, 128, 8, 4, 3, a8=2),
                 cfg("grouped", 128, 128, 1, 4, 3, a8=2), cfg("grouped", 128, 128, 1, 4, 4, a8=2),
                 cfg("grouped", 64, 128, 1, 4, 4, a8=2), cfg("grouped", 128, 128, 2, 4, 4, a8=2),
                 cfg("grouped", 128, 128, 1, 4, 4, swap=1, a8=2),
                 cfg("grouped", 256, 128, 1, 8, 4, swap=1, a8=2)],
-    "down": [cfg("route", 64, 256, 1, 4, 2), cfg("grouped", 128, 128, 1, 4, 3, swap=1, a8=1),
+    "down": [cfg("route", 64, 256, 1, 4, 2), cfg("route", 128, 128, 1, 8, pf=1),
+             cfg("route", 64, 128, 1, 4, pf=1), cfg("grouped", 128, 128, 1, 4, 3, swap=1, a8=1),
              cfg("route", 128, 256, 1, 4, 2, a8=2), cfg("grouped", 128, 128, 1, 4, 3, a8=2),
              cfg("grouped", 64, 128, 1, 4, 3, a8=2), cfg("grouped", 128, 128, 1, 4, 2, a8=2),
              cfg("grouped", 128, 128, 1, 4, 3, swap=1, a8=2),
@@ -78,7 +82,8 @@ FUSED = {"gate_up": [cfg("route", 16, 512, 1, 4, 3, fuse=1), cfg("route", 32, 25
 def label(c):
     c = F.check_gemm_config(c)
     a8 = {1: "+a8", 2: "+a8split"}.get(c["A_FP8"], "")
-    flags = "".join(f for f, on in (("+swap", c["SWAP_AB"]), (a8, a8), ("+fuse", c["FUSE"])) if on)
+    flags = "".join(f for f, on in (("+swap", c["SWAP_AB"]), (a8, a8), ("+fuse", c["FUSE"]),
+                                    ("+prefetch", c["PREFETCH"])) if on)
     bm = f"BM{c['BLOCK_SIZE_M']} " if c["ALGO"] == "grouped" else ""
     return (f"{c['ALGO']} {bm}BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} S{c['SPLIT_K']} "
             f"w{c['num_warps']} st{c['num_stages']}{flags}")

@@ -21,7 +21,8 @@ for job in json.loads(sys.argv[1]):
     params = list(inspect.signature(fn.fn).parameters)
     const = job["const"]
     sig = {p: "constexpr" if p in const else job["types"].get(p, "i32") for p in params}
-    src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()})
+    attrs = {(params.index(k),): [["tt.divisibility", 16]] for k in job.get("aligned", [])}
+    src = ASTSource(fn, sig, constexprs={(params.index(k),): v for k, v in const.items()}, attrs=attrs)
     try:
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=job["options"])
     except (FileNotFoundError, RuntimeError) as e:
@@ -34,8 +35,10 @@ print(json.dumps({"results": out}))
 
 def compile_sm90(jobs: list[dict]) -> list[dict] | str:
     """Per job ({"kernel": "module.name", "const": {...}, "types": {arg: "*bf16", ...}, "options":
-    {"num_warps": .., ...}}; arguments not named are i32): {"cubin": sha1, "ptx": text}. A string says
-    why this Triton cannot compile for sm_90 here (the caller skips)."""
+    {"num_warps": .., ...}, optionally "aligned": [args the launcher would find divisible by 16]};
+    arguments not named are i32; a stride the launcher would see as 1 goes in "const", as Triton
+    specializes it): {"cubin": sha1, "ptx": text}. A string says why this Triton cannot compile for
+    sm_90 here (the caller skips)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(jobs)], env=env, capture_output=True,
                          text=True, timeout=900)

@@ -1,6 +1,7 @@
 """The FP8 decode path's variants against the fp32 reference (Triton interpreter): A_FP8 (two-term fp8
-activations on fp8 tensor-core dots, split in-kernel (1) or once before the GEMM (2)) and FUSE
-(activation fused into gate/up, top_k sum into down)."""
+activations on fp8 tensor-core dots, split in-kernel (1) or once before the GEMM (2)), FUSE
+(activation fused into gate/up, top_k sum into down) and PREFETCH (the GEMV loads its next K chunk
+before it multiplies this one)."""
 
 import pytest
 import torch
@@ -23,6 +24,9 @@ VARIANTS = {
     "fused-a8": {"gate_up": {**FUSED, "BLOCK_SIZE_N": 128}, "down": A8_ROUTE},
     "a82-route-split": {"gate_up": {**A82_ROUTE, "SPLIT_K": 2}, "down": {**A82_ROUTE, "BLOCK_SIZE_N": 64}},
     "a82-grouped": {"gate_up": {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}, "down": A82_GROUPED},
+    "prefetch": {"gate_up": {"ALGO": "route", "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 128, "SPLIT_K": 2,
+                             "PREFETCH": 1},
+                 "down": {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "PREFETCH": 1}},
 }
 
 
@@ -295,3 +299,23 @@ def test_public_fused_option():
         F.fp8_decode_moe(*args, fused=True, config={"gate_up": A8_ROUTE})
     with pytest.raises(ValueError, match="fused"):
         F.fp8_decode_moe(*args, fused="yes")
+
+
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_prefetch_changes_the_schedule_not_the_sums(split):
+    """The same chunks in the same order: PREFETCH 1 gives the GEMV's result bit for bit, whether a split
+    holds several chunks, one, or a partial one (K 300: chunks of 128, 128, 44)."""
+    x, w13, s13, *_, ids = make_layer(M=3, H=300, I=100, E=5, top_k=2, active=0.75, seed=14)
+    base = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split}
+    outs = []
+    for prefetch in (0, 1):
+        out = torch.full((split, 6, 200), float("nan"))
+        F.fp8_block_gemm(x, w13, s13, ids, out, {**base, "PREFETCH": prefetch}, a_row_div=2)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("bad", [{"BLOCK_SIZE_K": 256}, {"A_FP8": 2}, {"ALGO": "grouped"}, {"PREFETCH": 2}])
+def test_prefetch_only_for_the_w8a16_gemv_at_128_k(bad):
+    with pytest.raises(ValueError, match="PREFETCH"):
+        F.check_gemm_config({"ALGO": "route", "BLOCK_SIZE_K": 128, "PREFETCH": 1, **bad})

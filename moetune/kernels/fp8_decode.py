@@ -55,7 +55,7 @@ SCALE_BLOCK = 128
 ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
-    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "num_warps": 4, "num_stages": 1,
+    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "num_warps": 4, "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -100,16 +100,44 @@ def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stri
 
 
 @triton.jit
+def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
+                        BLOCK_SIZE_N: tl.constexpr):
+    """``_gemv_tile`` over 128-K chunks (BLOCK_SIZE_K 128, one scale pointer) with the next chunk's loads
+    issued before this chunk's multiply-adds (PREFETCH): Triton pipelines only loads that feed tl.dot, so
+    without this a GEMV program waits one memory latency per chunk. Loads past the split's end are masked
+    off (no traffic)."""
+    sub = tl.arange(0, 128)
+    acc = tl.zeros([BLOCK_SIZE_N, 128], tl.float32)
+    offs_k = k_start + sub
+    k_mask = offs_k < k_end
+    w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    x = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0)
+    s = tl.load(s_ptr + (tl.minimum(k_start, K - 1) // 128) * stride_sk)
+    for k0 in range(k_start, k_end, 128):
+        nxt = k0 + 128
+        offs_k = nxt + sub
+        k_mask = offs_k < k_end
+        w_next = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :],
+                         other=0.0)
+        x_next = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0)
+        s_next = tl.load(s_ptr + (tl.minimum(nxt, K - 1) // 128) * stride_sk)
+        acc += w.to(tl.float32) * (x.to(tl.float32) * s.to(tl.float32))[None, :]
+        w, x, s = w_next, x_next, s_next
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
 def _route_gemm_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
     N, K, A_ROW_DIV,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
-    * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation."""
+    * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation.
+    PREFETCH (BLOCK_SIZE_K 128): ``_gemv_tile_prefetch``."""
     _pdl_enter(PDL)
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -128,8 +156,12 @@ def _route_gemm_kernel(
     iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
     k_start = pid_k * iters * BLOCK_SIZE_K
     k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
-    res = _gemv_tile(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
-                     BLOCK_SIZE_N, BLOCK_SIZE_K, False)
+    if PREFETCH:
+        res = _gemv_tile_prefetch(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk,
+                                  stride_sk, BLOCK_SIZE_N)
+    else:
+        res = _gemv_tile(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
+                         BLOCK_SIZE_N, BLOCK_SIZE_K, False)
     if APPLY_WEIGHT:
         res = res * tl.load(rw_ptr + r)
     tl.store(out_ptrs, res, mask=n_mask)
@@ -589,6 +621,10 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
          "0 or 1 (1 only for ALGO 'grouped')"),
         ("A_FP8", cfg["A_FP8"] in (0, 1, 2) and not isinstance(cfg["A_FP8"], bool),
          "0, 1 or 2 (0 W8A16, 1 activations split in-kernel, 2 split once before the GEMM)"),
+        ("PREFETCH", cfg["PREFETCH"] in (0, 1) and not isinstance(cfg["PREFETCH"], bool)
+         and (cfg["PREFETCH"] == 0 or (cfg["ALGO"] == "route" and cfg["A_FP8"] == 0 and cfg["FUSE"] == 0
+                                       and cfg["BLOCK_SIZE_K"] == SCALE_BLOCK)),
+         "0 or 1 (1 only for the W8A16 GEMV: ALGO 'route', A_FP8 0, FUSE 0, BLOCK_SIZE_K 128)"),
         ("FUSE", cfg["FUSE"] in (0, 1) and not isinstance(cfg["FUSE"], bool)
          and (cfg["FUSE"] == 0 or (cfg["ALGO"] == "route" and cfg["SPLIT_K"] == 1 and cfg["A_FP8"] == 0)),
          "0 or 1 (1 only for ALGO 'route' with SPLIT_K 1 and A_FP8 0)"),
@@ -765,7 +801,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
         else:
             _route_gemm_kernel[(routes, n_tiles, split)](
                 a, w, w_scale, ids, rw, parts, n, k, a_row_div, a.stride(0), a.stride(1), *w_strides,
-                **common)
+                PREFETCH=bool(cfg["PREFETCH"]), **common)
         return out
     if aligned is None:
         aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"], pdl=pdl)

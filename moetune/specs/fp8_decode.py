@@ -45,6 +45,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "SPLIT_K": [1, 2, 4, 8, 16],
         "SWAP_AB": [0, 1],
         "A_FP8": [0, 1, 2],
+        "PREFETCH": [0, 1],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
