@@ -138,21 +138,6 @@ def test_points_of_one_density_form_one_entry(tmp_path):
     assert (e["tokens"], e["active_fraction"], e["routing"]) == (4, 1.0, "uniform")  # reported at uniform
 
 
-def test_a_config_seen_at_one_point_of_a_density_scores_as_the_default_at_the_others(tmp_path):
-    """Three points share density 0.5 (routes 16); the heuristic was measured at all three, a lucky
-    config only where the default was slowest. The entry serves all three, so the heuristic wins."""
-    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
-    pts = [dict(tokens=2), dict(tokens=4, active_fraction=0.5), dict(tokens=8, active_fraction=0.25)]
-    rows = []
-    for p, default_ms in zip(pts, (1.0, 1.2, 2.0), strict=True):
-        rows += [row(DEFAULT, default_ms, **p), row(cfg(32), 0.7 * default_ms, **p)]
-    rows.append(row(cfg(16), 1.0, **pts[2]))  # 0.5x the default there, never measured elsewhere
-    fill(db, rows)
-    assert export(db, out).problems == []
-    (e,) = read(out)["entries"]
-    assert e["config"] == cfg(32) and e["points"] == 3
-
-
 def test_a_shape_with_no_accurate_measurement_is_a_note_not_a_file(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(DEFAULT, None, status="timeout"), row(cfg(16), 1.0, status="inaccurate", error=0.4)])
