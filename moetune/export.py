@@ -152,7 +152,7 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
     logs: dict[str, list[float]] = defaultdict(list)
     spreads: dict[str, list[float]] = defaultdict(list)
     # Over the points each config was measured at. Counting a missing point as the default's time
-    # (tried in session 4) picked configs 0-17% slower at 8 of 9 points where the stored H200 rows allow
+    # (tried in session 4) picked configs 0.4-17% slower at 8 of 9 points where the stored H200 rows allow
     # the comparison, so a config seen at few points keeps its own mean (results/README.md).
     for measured in points.values():
         ref = measured[default].time_ms if default in measured else min(p.time_ms for p in measured.values())
