@@ -10,10 +10,11 @@ the sweep stops cleanly; rerunning resumes (measured candidates are skipped).
 ``points.json`` says, per point, how many candidates the (sliced) space has and how
 many were measured, so partial points are never passed off as complete.
 
-``--preset issue7`` is the remaining points of issue 7: fp8_decode gate_up and down,
-DeepSeek-V3 TP=8, 1/16/64 tokens, full spaces; fp4_prefill gate_up and down,
-DeepSeek-V4-Flash TP=2, 1536/6144/24576 routes, on the reference subspace FP4_SLICE
-(the full fp4 spaces are ~22k candidates a point, hours each).
+``--preset issue7`` is issue 7's points: fp8_decode gate_up and down, DeepSeek-V3 TP=8,
+1/16/64 tokens, on the reference subspace FP8_SLICE; fp4_prefill gate_up and down,
+DeepSeek-V4-Flash TP=2, 1536/6144/24576 routes, on FP4_SLICE. ``--preset issue7-third``
+is the third model, Qwen3-30B-A3B TP=1, fp8 on FP8_SLICE. The full spaces are 1.4k-14k
+(fp8) and ~22k (fp4) candidates a point: hours each, more than a session's GPU time.
 
     PYTHONPATH=. python benchmarks/reference_dataset.py --db results/reference/reference.sqlite \\
         --preset issue7 --budget-s 520 [--gpus all]
@@ -34,16 +35,27 @@ from moetune.strategies import STRATEGIES
 from moetune.strategies.exhaustive import Exhaustive
 from moetune.sweep import Sweep, full_config
 
-# The fp4 reference subspace (session 1's, kept so its rows count): the fastest decode and unpack of the
-# H200 runs (results/fp4_prefill.md) with every tile shape, a fixed group size, 1-2 stages and no operand
-# swap; 144-240 candidates a point instead of tens of thousands.
-FP4_SLICE = "GROUP_SIZE_M=8;UNPACK=asm;A_LAYOUT=indexed;num_stages=1|2;DECODE=fp8_scaled;SWAP_AB=0"
-PRESETS = {"issue7": [
-    "deepseek-v3:8:fp8_decode.gate_up:tokens=1,16,64",
-    "deepseek-v3:8:fp8_decode.down:tokens=1,16,64",
-    f"deepseek-v4-flash:2:fp4_prefill.gate_up:routes=1536,6144,24576:{FP4_SLICE}",
-    f"deepseek-v4-flash:2:fp4_prefill.down:routes=1536,6144,24576:{FP4_SLICE}",
-]}
+# The fp4 reference subspace: the unpack and the two decodes the H200 tables picked (results/fp4_prefill.md,
+# session 2) with every tile shape and operand swap, a fixed group size and warp count, 1 or 3 stages;
+# 192-319 candidates a point instead of ~22k. (Session 1's slice, asm + fp8_scaled, no longer wins.)
+FP4_SLICE = "UNPACK=halves;A_LAYOUT=indexed;DECODE=fp8|f16;num_stages=1|3;GROUP_SIZE_M=8;num_warps=4"
+# The fp8 reference subspace: every algorithm, split, swap and stage count with the tile sizes and warp
+# counts the H200 tables picked (BLOCK_SIZE_M 16, N 32-256, K 128/256, 4/8 warps) and the activation
+# modes 0 and 2 (1 is 2's numerics re-quantized in every program); ~1.5k candidates a point for
+# DeepSeek-V3's gate/up instead of 6-14k.
+FP8_SLICE = "A_FP8=0|2;BLOCK_SIZE_M=16;PREFETCH=0;num_warps=4|8;BLOCK_SIZE_K=128|256;BLOCK_SIZE_N=32|64|128|256"
+PRESETS = {
+    "issue7": [
+        f"deepseek-v3:8:fp8_decode.gate_up:tokens=1,16,64:{FP8_SLICE}",
+        f"deepseek-v3:8:fp8_decode.down:tokens=1,16,64:{FP8_SLICE}",
+        f"deepseek-v4-flash:2:fp4_prefill.gate_up:routes=1536,6144,24576:{FP4_SLICE}",
+        f"deepseek-v4-flash:2:fp4_prefill.down:routes=1536,6144,24576:{FP4_SLICE}",
+    ],
+    "issue7-third": [
+        f"qwen3-30b-a3b:1:fp8_decode.gate_up:tokens=1,16,64:{FP8_SLICE}",
+        f"qwen3-30b-a3b:1:fp8_decode.down:tokens=1,16,64:{FP8_SLICE}",
+    ],
+}
 
 
 def parse_job(text: str) -> dict:

@@ -1,0 +1,92 @@
+"""Issue 7's live check: the default strategy against an exhaustive sweep of the same point, on a GPU.
+
+Both sweeps start from an empty Triton cache and their own store, so each wall time includes its
+compiles. The default's winner (the config `moetune export` would pick from its store) is looked up
+in the exhaustive store too: its time there, over the exhaustive best, is the quality reported (same
+measurement conditions for both). A winner outside the exhaustive slice is rated by its own time.
+
+    PYTHONPATH=. python benchmarks/strategy_live_check.py --out $OUT/live \\
+        --job "deepseek-v3:8:fp8_decode.gate_up:tokens=8:$SLICE" [--gpus all] [--exhaustive-s 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from reference_dataset import parse_job
+
+from moetune.spec import canonical_json
+from moetune.store import Store
+
+
+def run(cmd: list[str], cache: str, log: Path) -> float:
+    env = dict(os.environ, TRITON_CACHE_DIR=cache)
+    t0 = time.monotonic()
+    with log.open("w") as f:
+        subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+    return time.monotonic() - t0
+
+
+def ok_rows(db: Path, kernel: str):
+    store = Store(db, create=False, readonly=True)
+    try:
+        rows = store.frame(kernel=kernel)
+    finally:
+        store.close()
+    rows = rows[rows["status"] == "ok"]
+    return rows.groupby("config")["time_ms"].median()  # a config timed twice (re-measured): its median
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--job", required=True, help="one point, reference_dataset.py's job syntax")
+    ap.add_argument("--gpus", default=None)
+    ap.add_argument("--exhaustive-s", type=float, default=400.0)
+    args = ap.parse_args()
+    job = parse_job(args.job)
+    density = [("tokens", job["tokens"])] if "tokens" in job else [("routes", job["routes"])]
+    (kind, values), = density
+    if len(values) != 1:
+        ap.error("--job must name one density")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = ["--gpus", args.gpus] if args.gpus else []
+    here = Path(__file__).resolve().parent
+    sweep = [sys.executable, "-m", "moetune", "sweep", "-m", job["model"], "--tp", str(job["tp"]),
+             "-k", job["kernel"], f"--{kind}", str(values[0]), "--db", str(out / "default.sqlite"),
+             "--quiet", *gpus] + (["--active", "1"] if kind == "tokens" else [])
+    exhaustive = [sys.executable, str(here / "reference_dataset.py"), "--db", str(out / "exhaustive.sqlite"),
+                  "--job", args.job, "--budget-s", str(args.exhaustive_s), "--remeasure", "0",
+                  "--out", str(out / "exhaustive_points.json"), *gpus]
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        wall_default = run(sweep, a, out / "default.log")
+        wall_exhaustive = run(exhaustive, b, out / "exhaustive.log")
+    mine, every = ok_rows(out / "default.sqlite", job["kernel"]), ok_rows(out / "exhaustive.sqlite", job["kernel"])
+    winner = mine.idxmin()
+    best = every.min()
+    inside = winner in every.index
+    quality = (every[winner] if inside else mine[winner]) / best
+    points = json.loads((out / "exhaustive_points.json").read_text())
+    result = {
+        "job": args.job, "default_measured": int(len(mine)), "exhaustive_measured": int(len(every)),
+        "exhaustive_complete": all(p.get("complete") for p in points if "point" in p),
+        "wall_default_s": round(wall_default, 1), "wall_exhaustive_s": round(wall_exhaustive, 1),
+        "wall_ratio": round(wall_default / wall_exhaustive, 3), "winner": json.loads(winner),
+        "winner_in_exhaustive": bool(inside), "best": json.loads(every.idxmin()),
+        "best_ms": float(best), "quality": round(float(quality), 4),
+    }
+    (out / "live_check.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("winner", "best")}))
+    print(f"winner {canonical_json(result['winner'])}\nbest   {canonical_json(result['best'])}")
+
+
+if __name__ == "__main__":
+    main()
