@@ -32,7 +32,6 @@ from moetune.problems import build_plan
 from moetune.spec import canonical_json
 from moetune.store import Store
 from moetune.strategies import STRATEGIES
-from moetune.strategies.exhaustive import Exhaustive
 from moetune.sweep import Sweep, full_config
 
 # The fp4 reference subspace: the unpack and the two decodes the H200 tables picked (results/fp4_prefill.md,
@@ -43,7 +42,8 @@ FP4_SLICE = "UNPACK=halves;A_LAYOUT=indexed;DECODE=fp8|f16;num_stages=1|3;GROUP_
 # counts the H200 tables picked (BLOCK_SIZE_M 16, N 32-256, K 128/256, 4/8 warps) and the activation
 # modes 0 and 2 (1 is 2's numerics re-quantized in every program); ~1.5k candidates a point for
 # DeepSeek-V3's gate/up instead of 6-14k.
-FP8_SLICE = "A_FP8=0|2;BLOCK_SIZE_M=16;PREFETCH=0;num_warps=4|8;BLOCK_SIZE_K=128|256;BLOCK_SIZE_N=32|64|128|256"
+FP8_SLICE = ("A_FP8=0|2;BLOCK_SIZE_M=16;PREFETCH=0;num_warps=4|8;BLOCK_SIZE_K=128|256;"
+             "BLOCK_SIZE_N=32|64|128|256")
 PRESETS = {
     "issue7": [
         f"deepseek-v3:8:fp8_decode.gate_up:tokens=1,16,64:{FP8_SLICE}",
@@ -81,20 +81,23 @@ def in_slice(config: dict, sl: dict[str, list]) -> bool:
     return all(k not in config or config[k] in v for k, v in sl.items())
 
 
-def slice_strategy(sl: dict[str, list]) -> str:
-    """Register (for this process) an exhaustive strategy over the slice; returns its name."""
+def slice_strategy(sl: dict[str, list], base: str = "exhaustive") -> str:
+    """Register (for this process) strategy ``base`` confined to the slice; returns its name. A
+    strategy that sizes its budget from the candidates (the default) then sizes it from the slice."""
     if not sl:
-        return "exhaustive"
+        return base
 
-    class ExhaustiveSlice(Exhaustive):
-        name = "exhaustive-slice"
+    class InSlice(STRATEGIES[base]):
+        name = f"{base}-slice"
 
         def start(self, ctx):
-            ctx.candidates = [c for c in ctx.candidates if in_slice(c, sl)]
+            keep = [i for i, c in enumerate(ctx.candidates) if in_slice(c, sl)]
+            ctx.candidates = [ctx.candidates[i] for i in keep]
+            ctx.keys = None if ctx.keys is None else [ctx.keys[i] for i in keep]
             super().start(ctx)
 
-    STRATEGIES[ExhaustiveSlice.name] = ExhaustiveSlice
-    return ExhaustiveSlice.name
+    STRATEGIES[InSlice.name] = InSlice
+    return InSlice.name
 
 
 def remeasure(sw: Sweep, pt, k: int, t_end: float) -> int:
@@ -143,6 +146,8 @@ def main() -> None:
     ap.add_argument("--remeasure", type=int, default=10, help="fastest (and as many random) ok configs "
                     "timed again per complete point (one GPU only)")
     ap.add_argument("--out", default=None, help="where points.json goes (default: next to --db)")
+    ap.add_argument("--strategy", default="exhaustive", choices=sorted(STRATEGIES),
+                    help="search within each slice (default exhaustive: the reference data itself)")
     args = ap.parse_args()
     t_end = time.monotonic() + args.budget_s
     jobs = [parse_job(j) for j in PRESETS.get(args.preset, []) + args.job]
@@ -164,7 +169,7 @@ def main() -> None:
                 report.append({"job": job, "error": str(e)})
                 print(f"skipped {job}: {e}", flush=True)
                 continue
-            strategy = slice_strategy(job["slice"])
+            strategy = slice_strategy(job["slice"], args.strategy)
             for problem in plan.problems:
                 planned.append((job, strategy, problem))
         if driver is ParallelSweep:  # every point of a slice at once, spread over the GPUs
@@ -175,7 +180,7 @@ def main() -> None:
                 left = t_end - time.monotonic()
                 if left <= 0:
                     break
-                strategy = slice_strategy(group[0][0]["slice"])
+                strategy = slice_strategy(group[0][0]["slice"], args.strategy)
                 sw = driver(store, runner, strategy=strategy, seed=0, time_limit=left)
                 t0 = time.monotonic()
                 points = sw.run([p for _, _, p in group])
@@ -188,7 +193,7 @@ def main() -> None:
             for job, strategy, problem in planned:
                 job_end = min(t_end, time.monotonic() + job["cap"])
                 left = job_end - time.monotonic()
-                sw = Sweep(store, runner, strategy=slice_strategy(job["slice"]), seed=0,
+                sw = Sweep(store, runner, strategy=slice_strategy(job["slice"], args.strategy), seed=0,
                            time_limit=max(left, 1e-3))
                 t0 = time.monotonic()
                 pt = sw.plan([problem], device)[0]
