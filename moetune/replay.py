@@ -95,12 +95,14 @@ def read_frame(path: str | Path) -> pd.DataFrame:
     raise ValueError(f"--data: unknown format {path.name!r} (use .sqlite, .csv, .csv.gz or .parquet)")
 
 
-def _default_for(kernel: str) -> Config | None:
-    try:
-        spec = get_spec(kernel)
-    except (KeyError, ValueError):
-        return None
-    return dict(spec.default)
+def _as_swept(kernel: str, configs: pd.Series) -> pd.Series:
+    """Stored configs as a sweep of today's spec would propose them: a key the data predates takes the
+    default's value (the resume rule) and equivalent configs share one representative (as at export),
+    so rows from before and after a spec change meet as one candidate."""
+    spec = _spec_or_none(kernel)
+    if spec is None:
+        return configs
+    return configs.map(lambda c: canonical_json(spec.canonical({**spec.default, **json.loads(c)})))
 
 
 def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: int = 1,
@@ -122,6 +124,8 @@ def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: i
         df = df.assign(spread=0.0)
     ok = (df["status"] == "ok") & df["time_ms"].notna()
     df = df.assign(ok_time=df["time_ms"].where(ok), ok_spread=df["spread"].where(ok), ok=ok)
+    swept = df.groupby("kernel", sort=False)["config"].transform(lambda c: _as_swept(c.name, c))
+    df = df.assign(config=swept)
     points = []
     for key, g in df.groupby(list(POINT_COLUMNS), sort=False, dropna=False):
         point = dict(zip(POINT_COLUMNS, key, strict=True))
@@ -132,9 +136,8 @@ def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: i
         status = ["ok" if o else s for o, s in zip(per["ok"], per["status"], strict=True)]
         spread = per["ok_spread"].where(per["ok"], per["spread"]).fillna(0.0).to_numpy(dtype=float)
         shape = json.loads(point["shape"])
-        default = _default_for(point["kernel"])
-        if default is not None:  # a key the data predates counts as the default's value (the resume rule)
-            default = next((c for c in configs if all(c.get(k, v) == v for k, v in default.items())), None)
+        spec = _spec_or_none(point["kernel"])
+        default = None if spec is None else next((c for c in configs if c == spec.default), None)
         rp = RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
                       int(point["routes"]),
                       float(point["active_fraction"]), point["routing"], configs, status,

@@ -49,10 +49,11 @@ def test_sm90_kernels_wait_for_the_previous_grid_only_with_pdl():
                          ids=["picked", "grouped-split"])
 def test_the_interpreter_ignores_pdl(config):
     layer = make_layer(M=3, active=0.75)
-    plain = fp8_decode_moe(*layer, config=config)
+    plain = fp8_decode_moe(*layer, config=config, pdl=False)
     assert torch.equal(fp8_decode_moe(*layer, config=config, pdl=True), plain)
+    assert torch.equal(fp8_decode_moe(*layer, config=config), plain)  # None: on for sm_90+, off here
 
 
-def test_pdl_must_be_a_bool():
+def test_pdl_must_be_a_bool_or_none():
     with pytest.raises(ValueError, match="pdl"):
         fp8_decode_moe(*make_layer(M=1), pdl="yes")

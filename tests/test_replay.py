@@ -107,13 +107,22 @@ def test_cli_foreign_file(tmp_path):
     assert "Traceback" not in res.output
 
 
-def test_the_default_is_found_in_data_older_than_the_specs_latest_keys():
+def test_rows_from_before_a_spec_change_meet_todays_candidates():
+    import json
+
+    from moetune.replay import read_frame
     from moetune.spec import canonical_json, get_spec
 
-    points = load_points("results/reference/reference.csv.gz", min_candidates=20)
-    p = points[0]
-    default = get_spec(p.kernel).default
-    assert set(default) - set(p.configs[0])  # the H200 data predates keys the spec has now (A_FP8, FUSE)
-    assert p.default is not None and all(p.default.get(k, v) == v for k, v in default.items())
+    data = "results/reference/reference.csv.gz"
+    spec = get_spec("fp8_decode.down")
+    raw = read_frame(data)
+    raw = raw[(raw["kernel"] == spec.name) & (raw["tokens"] == 1) & raw["shape"].str.contains('"E":256')]
+    old = [c for c in raw["config"] if set(spec.default) - set(json.loads(c))]
+    assert old  # session 1's rows here predate keys the spec has now (A_FP8, FUSE, PREFETCH)
+    points = load_points(data, kernels=["fp8_decode.down"], min_candidates=20)
+    p = next(p for p in points if p.tokens == 1 and p.shape["E"] == 256)
+    assert all(set(c) == set(spec.default) for c in p.configs)
+    assert len(p.configs) < raw["config"].nunique()  # old and new rows of one config are one candidate
+    assert p.default == spec.default
     r = replay_point(p, "coordinate", 1, seed=0)  # a budget of one: the default, measured first
     assert r["measurements"] == 1 and r["winner"] == canonical_json(p.default)

@@ -980,7 +980,7 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                    activation: str = "silu", swiglu_limit: float | None = None,
                    config: Mapping[str, Any] | None = None, fused: bool = False, validate: bool = False,
-                   pdl: bool = False) -> torch.Tensor:
+                   pdl: bool | None = None) -> torch.Tensor:
     """MoE layer output ``[M, H]`` in x's dtype for block-FP8 experts; routes with id -1 contribute 0.
 
     Shapes: x [M, H]; w13 [E, 2I, H] fp8 (gate rows, then up rows); w13_scale [E, ceil(2I/128),
@@ -1000,10 +1000,14 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 
     ``pdl=True`` launches every kernel with programmatic dependent launch (sm_90+; ignored by the
     interpreter): each waits for the previous kernel's writes at its start, and lets the next one launch
-    right after, so at decode the launches overlap instead of following each other. Not yet measured.
+    right after, so at decode the launches overlap instead of following each other. ``None`` (default):
+    on for sm_90 and newer. H200, DeepSeek-V3 TP8, tuned layer under a CUDA graph: 27.95 -> 25.28 /
+    70.37 -> 66.88 / 181.9 -> 179.9 / 375.8 -> 374.2 us at 1 / 4 / 16 / 64 tokens (results/fp8_decode.md).
     """
+    if pdl is None:
+        pdl = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
     if not isinstance(pdl, bool):
-        raise ValueError(f"pdl must be True or False, got {pdl!r}")
+        raise ValueError(f"pdl must be True, False or None, got {pdl!r}")
     m, h, e, inter, top_k = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                           activation, swiglu_limit)
     dtype = _dtype_name(x.dtype)
