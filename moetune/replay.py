@@ -6,10 +6,10 @@ one is a lookup that returns the recorded status and a time drawn around the
 recorded median with the recorded noise (log-normal, sigma = spread / 1.683, the
 p80-p20 width of a normal; ``noise`` scales it). Points of one op and shape are
 replayed in density order like a sweep does, so each point gets the winners of
-the densities before it as warm-start hints. As in a sweep, the shipped default
-is measured first; then the strategy proposes batches until it stops; then its
-final re-measurement (see :mod:`moetune.strategies.adaptive`). Every one of those
-counts toward the budget. Quality is the recorded time of the declared winner
+the densities before it as warm-start hints, after the spec's heuristic. As in a
+sweep, the shipped default is measured first; then the strategy proposes batches
+until it stops; then its final re-measurement (see :mod:`moetune.strategies.adaptive`).
+Every one of those counts toward the budget. Quality is the recorded time of the declared winner
 over the recorded exhaustive best (1.0 = found it).
 """
 
@@ -49,6 +49,7 @@ class RefPoint:
     time_ms: np.ndarray  # nan where not ok
     spread: np.ndarray
     default: Config | None = None
+    arch: str = ""  # e.g. "sm_90": the spec's heuristic for it is the sweep's first warm start
     index: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -141,7 +142,8 @@ def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: i
         rp = RefPoint(point["kernel"], point["device_name"], shape, int(point["tokens"]),
                       int(point["routes"]),
                       float(point["active_fraction"]), point["routing"], configs, status,
-                      per["time_ms"].to_numpy(dtype=float), spread, default)
+                      per["time_ms"].to_numpy(dtype=float), spread, default,
+                      str(g["arch"].iloc[0]) if "arch" in g.columns else "")
         if len(configs) < min_candidates or not np.isfinite(rp.time_ms).any():
             if skipped is not None:
                 skipped.append(f"{rp.label} ({len(configs)} configs, {int(per['ok'].sum())} ok)")
@@ -261,7 +263,8 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                 for group in groups.values():
                     found: list[tuple[float, Config]] = []
                     for p in group:
-                        hints = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
+                        near = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
+                        hints = _heuristic(p) + near
                         r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise)
                         if r["winner"] is not None:
                             found.append((p.density, json.loads(r["winner"])))
@@ -269,6 +272,16 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                                      "point": p.label, "kernel": p.kernel, "density": p.density,
                                      "exhaustive": len(p.configs), "best_ms": p.best_ms, **r})
     return pd.DataFrame(rows)
+
+
+def _heuristic(point: RefPoint) -> list[Config]:
+    """The spec's heuristic at the point, if it is one of the point's candidates: a sweep measures it
+    first among its warm starts (``Sweep._hints``), so a replay does too."""
+    spec = _spec_or_none(point.kernel)
+    if spec is None or not point.arch:
+        return []
+    config = spec.canonical({**spec.default, **spec.heuristic(point.shape, point.routes, point.arch)})
+    return [config] if canonical_json(config) in point.index else []
 
 
 def _geomean(x: Iterable[float]) -> float:
