@@ -285,9 +285,10 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = "configs", *
            kernels: Iterable[str] = (), device: str | None = None, arch_device: str | None = None
            ) -> ExportResult:
     """Write the best configs of one store, or of several pooled (e.g. a new sweep's beside an older
-    one's), into tables under ``out``; bad rows are reported, not exported."""
+    one's), into tables under ``out``; bad rows are reported, not exported. A store may also be given
+    as its CSV/Parquet export (``moetune results --csv``), the compact form kept under results/."""
     from .problems import resolve_kernels
-    from .store import Store
+    from .store import read_frame
 
     dbs = [Path(d) for d in ([db] if isinstance(db, (str, Path)) else db)]
     out = Path(out)
@@ -298,11 +299,9 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = "configs", *
     groups: dict[tuple, list[dict]] = defaultdict(list)
     problems: list[str] = []
     for path in dbs:
-        store = Store(path, readonly=True)
-        try:
-            frame = store.frame(**({"device_name": device} if device is not None else {}))
-        finally:
-            store.close()
+        frame = read_frame(path, "--db")
+        if device is not None:
+            frame = frame[frame["device_name"] == device]
         if kernels:
             frame = frame[frame["kernel"].isin(kernels)]
         checker = _Rows(path)

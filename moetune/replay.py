@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from .spec import Config, Problem, canonical_json, get_spec
+from .store import read_frame
 from .strategies import Observation, SearchContext, get_strategy
 
 POINT_COLUMNS = ("kernel", "device_name", "shape", "tokens", "routes", "active_fraction", "routing")
@@ -78,24 +79,6 @@ def _shape_text(shape: dict[str, Any]) -> str:
 
 
 # ---- loading ------------------------------------------------------------------------------------------
-def read_frame(path: str | Path) -> pd.DataFrame:
-    """Rows of a results store (.sqlite/.db) or of an export (.csv, .csv.gz, .parquet)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"--data: no such file {path}")
-    name = path.name.lower()
-    if name.endswith((".sqlite", ".db", ".sqlite3")):
-        from .store import Store
-
-        with Store(path, readonly=True) as store:
-            return store.frame()
-    if name.endswith((".csv", ".csv.gz")):
-        return pd.read_csv(path)
-    if name.endswith(".parquet"):
-        return pd.read_parquet(path)
-    raise ValueError(f"--data: unknown format {path.name!r} (use .sqlite, .csv, .csv.gz or .parquet)")
-
-
 def _as_swept(kernel: str, configs: pd.Series) -> pd.Series:
     """Stored configs as a sweep of today's spec would propose them: a key the data predates takes the
     default's value (the resume rule) and equivalent configs share one representative (as at export),

@@ -273,3 +273,22 @@ class Store:
             "routes": int(routes), "active_fraction": float(active_fraction), "routing": routing,
         })
         return {r[0] for r in self._conn.execute(f"SELECT config FROM measurements{where}", params)}
+
+
+def read_frame(path: str | Path, option: str = "--data"):
+    """Rows of a results store (.sqlite/.db) or of an export of one (``moetune results --csv/--parquet``:
+    .csv, .csv.gz, .parquet), as a pandas DataFrame; errors name the command-line ``option``."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{option}: no such file {path}")
+    name = path.name.lower()
+    if name.endswith((".sqlite", ".db", ".sqlite3")):
+        with Store(path, readonly=True) as store:
+            return store.frame()
+    if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
+        return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
+    if name.endswith(".parquet"):
+        return pd.read_parquet(path)
+    raise ValueError(f"{option}: unknown format {path.name!r} (use .sqlite, .csv, .csv.gz or .parquet)")

@@ -52,6 +52,27 @@ def test_best_accurate_config_per_density_into_device_and_arch_tables(tmp_path):
     assert dev["strategy"] == ["exhaustive"] and dev["default"] == DEFAULT
 
 
+def test_a_stores_csv_export_exports_the_same_tables(tmp_path):
+    from typer.testing import CliRunner
+
+    from moetune.cli import app
+
+    db = tmp_path / "r.sqlite"
+    rows = []
+    for tokens, best in ((1, cfg(16)), (16, cfg(64, 128, 8))):
+        rows += [row(DEFAULT, 2.0, tokens=tokens), row(best, 1.0, tokens=tokens),
+                 row(cfg(16, 64), None, tokens=tokens, status="crash")]
+    fill(db, rows)
+    csv = tmp_path / "r.csv.gz"
+    res = CliRunner().invoke(app, ["results", "--db", str(db), "--csv", str(csv), "--limit", "0"])
+    assert res.exit_code == 0, res.output
+    a, b = export(db, tmp_path / "a"), export(csv, tmp_path / "b")
+    assert a.problems == b.problems == []
+    for fa in sorted((tmp_path / "a").rglob("*.json")):
+        assert fa.read_text() == (tmp_path / "b" / fa.relative_to(tmp_path / "a")).read_text()
+    assert read(tmp_path / "b")["versions"]["cuda"] == "12.8"  # text columns stay text
+
+
 def test_best_within_noise_of_the_default_keeps_the_default(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(DEFAULT, 2.0, spread=0.05), row(cfg(16), 1.96, spread=0.05),

@@ -110,8 +110,8 @@ def test_cli_foreign_file(tmp_path):
 def test_rows_from_before_a_spec_change_meet_todays_candidates():
     import json
 
-    from moetune.replay import read_frame
     from moetune.spec import canonical_json, get_spec
+    from moetune.store import read_frame
 
     data = "results/reference/reference.csv.gz"
     spec = get_spec("fp8_decode.down")
