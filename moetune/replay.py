@@ -1,16 +1,17 @@
 """Replay: run a search strategy against stored exhaustive results, with no GPU.
 
 Each stored point (kernel, device, shape, density, routing) is a closed world: its
-candidates are the configs the exhaustive sweep measured there, and "measuring"
-one is a lookup that returns the recorded status and a time drawn around the
-recorded median with the recorded noise (log-normal, sigma = spread / 1.683, the
-p80-p20 width of a normal; ``noise`` scales it). Points of one op and shape are
-replayed in density order like a sweep does, so each point gets the winners of
-the densities before it as warm-start hints, after the spec's heuristic. As in a
-sweep, the shipped default is measured first; then the strategy proposes batches
-until it stops; then its final re-measurement (see :mod:`moetune.strategies.adaptive`).
-Every one of those counts toward the budget. Quality is the recorded time of the declared winner
-over the recorded exhaustive best (1.0 = found it).
+candidates are the configs the exhaustive sweep measured there, and "measuring" one
+is a lookup that returns the recorded status and a time drawn around the recorded
+median with the recorded noise (log-normal, sigma = spread / 1.683, the p80-p20
+width of a normal; ``noise`` scales it). Points of one op and shape are replayed in
+density order like a sweep does, so each point gets the winners of the densities
+before it as warm-start hints, after the spec's heuristic and what the other ops of
+its kernel path found at the same density. As in a sweep, the shipped default is
+measured first; then the strategy proposes batches until it stops; then its final
+re-measurement (see :mod:`moetune.strategies.adaptive`). Every one of those counts
+toward the budget. Quality is the recorded time of the declared winner over the
+recorded exhaustive best (1.0 = found it).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import pandas as pd
 from .spec import Config, Problem, canonical_json, get_spec
 from .store import read_frame
 from .strategies import Observation, SearchContext, get_strategy
+from .sweep import as_sibling_hint, family
 
 POINT_COLUMNS = ("kernel", "device_name", "shape", "tokens", "routes", "active_fraction", "routing")
 SPREAD_TO_SIGMA = 1.683  # (p80 - p20) of a standard normal
@@ -243,14 +245,18 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
     for strategy in strategies:
         for budget in budgets:
             for seed in range(seeds):
+                won: dict[tuple, list[tuple[str, Config]]] = {}  # (path, density point) -> op winners
                 for group in groups.values():
                     found: list[tuple[float, Config]] = []
                     for p in group:
                         near = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
-                        hints = _heuristic(p) + near
+                        at = (family(p.kernel), p.device_name, p.tokens, p.routes, p.active_fraction,
+                              p.routing)
+                        hints = _heuristic(p) + _siblings(p, won.get(at, [])) + near
                         r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise)
                         if r["winner"] is not None:
                             found.append((p.density, json.loads(r["winner"])))
+                            won.setdefault(at, []).append((p.kernel, json.loads(r["winner"])))
                         rows.append({"strategy": strategy, "budget": budget, "batch": batch, "seed": seed,
                                      "point": p.label, "kernel": p.kernel, "density": p.density,
                                      "exhaustive": len(p.configs), "best_ms": p.best_ms, **r})
@@ -265,6 +271,16 @@ def _heuristic(point: RefPoint) -> list[Config]:
         return []
     config = spec.canonical({**spec.default, **spec.heuristic(point.shape, point.routes, point.arch)})
     return [config] if canonical_json(config) in point.index else []
+
+
+def _siblings(point: RefPoint, winners: Sequence[tuple[str, Config]]) -> list[Config]:
+    """What other ops of the point's kernel path found at its density, as its candidates (the sweep's
+    sibling warm starts, ``Sweep._hints``)."""
+    spec = _spec_or_none(point.kernel)
+    if spec is None:
+        return []
+    out = [spec.canonical(as_sibling_hint(spec, c)) for k, c in winners if k != point.kernel]
+    return [c for c in out if canonical_json(c) in point.index]
 
 
 def _geomean(x: Iterable[float]) -> float:

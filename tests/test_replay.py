@@ -126,3 +126,17 @@ def test_rows_from_before_a_spec_change_meet_todays_candidates():
     assert p.default == spec.default
     r = replay_point(p, "coordinate", 1, seed=0)  # a budget of one: the default, measured first
     assert r["measurements"] == 1 and r["winner"] == canonical_json(p.default)
+
+
+def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
+    from moetune.replay import _siblings
+    from moetune.spec import canonical_json
+
+    points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill"])
+    down = next(p for p in points if p.kernel == "fp4_prefill.down" and p.routes == 1536)
+    gate_up = next(p for p in points if p.kernel == "fp4_prefill.gate_up" and p.routes == 1536)
+    won = down.configs[int(np.nanargmin(down.time_ms))]
+    got = _siblings(gate_up, [("fp4_prefill.down", won)])
+    assert len(got) == 1 and canonical_json(got[0]) in gate_up.index
+    assert {k: v for k, v in got[0].items() if k in won} == won  # gate_up's extra key (A_LAYOUT) added
+    assert _siblings(gate_up, [("fp4_prefill.gate_up", won)]) == []  # its own op is not a sibling

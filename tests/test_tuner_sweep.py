@@ -196,3 +196,20 @@ def test_the_heuristic_is_measured_at_every_point(tmp_path, monkeypatch, strateg
     for tokens in (1, 2):
         measured = {json.loads(c)["v"] for c in rows[rows["tokens"] == tokens]["config"]}
         assert 37 in measured and len(measured) <= 4
+
+
+def test_other_ops_of_a_path_warm_start_each_other_at_the_same_density(tmp_path):
+    """test.steady and test.steady_wide are two ops of one path ("test"): what one found at a density is
+    a hint for the other there (as its candidate), not at other densities."""
+    from moetune.sweep import as_sibling_hint
+
+    shape = crashy_spec.STEADY.shape_from_model(get_model("tiny"))
+    problems = [crashy_spec.STEADY.problem(shape, 1), crashy_spec.STEADY_WIDE.problem(shape, 1),
+                crashy_spec.STEADY_WIDE.problem(shape, 2)]
+    with Store(tmp_path / "s.sqlite") as store, Runner(timeout=30) as runner:
+        sw = Sweep(store, runner, strategy="random", budget=3)
+        points = sw.run(problems)
+        at_1, at_2 = sw._hints(1), sw._hints(2)
+    # after the heuristic (in both lists or neither): the sibling at tokens 1, the same op's winner at 2
+    assert at_1[-1] == as_sibling_hint(crashy_spec.STEADY_WIDE, points[0].best.config)
+    assert at_2[-1] == points[1].best.config and len(at_1) == len(at_2)
