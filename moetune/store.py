@@ -281,12 +281,12 @@ def read_frame(path: str | Path, option: str = "--data"):
     import pandas as pd
 
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{option}: no such file {path}")
     name = path.name.lower()
-    if name.endswith((".sqlite", ".db", ".sqlite3")):
+    if name.endswith((".sqlite", ".db", ".sqlite3")):  # the store says itself what is wrong with it
         with Store(path, readonly=True) as store:
             return store.frame()
+    if not path.exists():
+        raise FileNotFoundError(f"{option}: no such file {path}")
     if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
         return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
     if name.endswith(".parquet"):

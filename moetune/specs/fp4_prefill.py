@@ -147,22 +147,23 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
                 DECODE=decode, UNPACK=unpack, SWAP_AB=swap)
 
 
-# sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2
-# (results/fp4_prefill.md, session 2): the sweep store at 3-48 rows per expert, the design benchmark at
-# 6/24/96. Above 64 the band's config was timed at 96 only; at 192 and 384 only its fp8/join twin was
-# (which beat the budget-12 tables there), and asm16 beat join by 5-11% at 96 on the same tile.
+# sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2.
+# Bands up to 32 rows and above 64: the best of the session 5 exhaustive reference slice at 6, 24 and 96
+# rows per expert (results/fp4_prefill.md, session 5; the slice held UNPACK halves only, so session 2's
+# asm16 pick above 64 rows, 1.76 ms gate/up at 96 in its own run, was not in it). The 64-row band:
+# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2).
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
-        (16, _t(16, 256, 128, 4, 3, 1, "f16", "halves")),     # 0.61-0.73 ms at 3-12 (static 1.9-2.1)
-        (32, _t(32, 128, 128, 4, 2, 1, "f16", "halves")),     # 0.88 ms at 24
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.555 ms at 6 (session 2 pick 0.67)
+        (32, _t(32, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.792 ms at 24 (0.88)
         (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
-        (math.inf, _t(128, 64, 128, 8, 1, 8, "fp8_row", "asm16")),  # 1.76 ms at 96 (fp8/join 1.95)
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.401 ms at 96 (1.76)
     ),
     "down": (
-        (16, _t(16, 256, 64, 4, 3, 8, "fp8", "halves", 1)),   # 0.31-0.36 ms at 3-12 (static 0.98-1.05)
-        (32, _t(32, 64, 128, 4, 1, 1, "fp8", "halves", 1)),   # 0.51 ms at 24
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.295 ms at 6 (0.31-0.36 at 3-12)
+        (32, _t(32, 128, 64, 4, 3, 8, "fp8", "halves", 1)),   # 0.391 ms at 24 (0.51)
         (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
-        (math.inf, _t(128, 64, 128, 8, 1, 8, "fp8", "asm16")),  # 1.04 ms at 96 (fp8/join 1.09)
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 0.810 ms at 96 (1.04)
     ),
 }
 
