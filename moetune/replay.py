@@ -227,9 +227,11 @@ def _spec_or_none(kernel: str):
 
 
 def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Sequence[str], seeds: int,
-           batch: int = 1, noise: float = 1.0) -> pd.DataFrame:
+           batch: int = 1, noise: float = 1.0, heuristic: bool = True) -> pd.DataFrame:
     """One row per (strategy, budget, point, seed). Points of one op and shape run in density order,
-    each getting the winners found at the earlier ones (nearest density first) as hints."""
+    each getting the winners found at the earlier ones (nearest density first) as hints, after the
+    spec's heuristic (``heuristic=False`` leaves it out: a heuristic derived from the data would hand
+    the strategies the answer)."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if batch < 1:
@@ -252,7 +254,8 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                         near = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
                         at = (family(p.kernel), p.device_name, p.tokens, p.routes, p.active_fraction,
                               p.routing)
-                        hints = _heuristic(p) + _siblings(p, won.get(at, [])) + near
+                        first = _heuristic(p) if heuristic else []
+                        hints = first + _siblings(p, won.get(at, [])) + near
                         r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise)
                         if r["winner"] is not None:
                             found.append((p.density, json.loads(r["winner"])))

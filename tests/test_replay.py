@@ -140,3 +140,12 @@ def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
     assert len(got) == 1 and canonical_json(got[0]) in gate_up.index
     assert {k: v for k, v in got[0].items() if k in won} == won  # gate_up's extra key (A_LAYOUT) added
     assert _siblings(gate_up, [("fp4_prefill.gate_up", won)]) == []  # its own op is not a sibling
+
+
+def test_the_heuristic_hint_can_be_left_out():
+    points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill.gate_up"])
+    p = next(p for p in points if p.routes == 1536)
+    with_h = replay([p], ["coordinate"], ["3"], seeds=1)
+    without = replay([p], ["coordinate"], ["3"], seeds=1, heuristic=False)
+    # the sm_90 heuristic here is this point's measured best: measured second (after the default) or not
+    assert with_h["quality"].iloc[0] == 1.0 and without["quality"].iloc[0] > 1.0

@@ -58,6 +58,8 @@ def replay(
         = None,
     batch: Annotated[int, typer.Option(help="candidates proposed per batch (GPUs measuring at once)")] = 1,
     noise: Annotated[float, typer.Option(help="scale of the recorded noise drawn per measurement")] = 1.0,
+    heuristic: Annotated[bool, typer.Option(help="measure the spec's heuristic first, as a sweep does (off: "
+                                                 "when the heuristic was derived from this data)")] = True,
     min_candidates: Annotated[int, typer.Option(help="leave out points with fewer configs (fragments of a "
                                                      "cut sweep)")] = 20,
     per_point: Annotated[bool, typer.Option(help="also print the per-point table")] = True,
@@ -82,7 +84,7 @@ def replay(
         rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
         skipped: list[str] = []
         points = rp.load_points(data, split_list(kernel), min_candidates, skipped)
-        runs = rp.replay(points, strategies, budgets, seeds, batch, noise)
+        runs = rp.replay(points, strategies, budgets, seeds, batch, noise, heuristic)
     for label in skipped:
         console.print(f"[yellow]note:[/] left out {label}")
     summ, pp = rp.summary(runs), rp.per_point(runs)
