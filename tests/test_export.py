@@ -144,6 +144,16 @@ def test_repeats_and_gpus_of_one_name_merge_other_names_stay_apart(tmp_path):
     assert by_density(arch)[1.0]["config"] == cfg(32) and arch["device_names"] == ["NVIDIA Other"]
 
 
+def test_one_disturbed_repeat_does_not_tie_everything_with_the_default(tmp_path):
+    """A repeat whose own spread is wild but whose median agrees with its twin (seen on the H200) keeps
+    the twin's noise band: a config at half the default's time still wins."""
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, spread=0.01), row(DEFAULT, 2.04, spread=4.4), row(cfg(16), 1.0, spread=0.01)])
+    assert export(db, out).problems == []
+    got = by_density(read(out))[1.0]
+    assert got["config"] == cfg(16) and got["spread"] < 0.05
+
+
 def test_points_of_one_density_form_one_entry(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     # 4 tokens at full activity and 8 tokens with half the routes active: both 8 routes, density 1
