@@ -106,6 +106,19 @@ def test_heuristic_uses_fp8_dots_only_where_measured(name):
     assert spec.default["A_FP8"] == 0 and spec.default["BLOCK_SIZE_N"] == 16
 
 
+def test_sm90_long_k_route_splits_only_until_two_programs_per_sm():
+    """K 7168 (DeepSeek-V3) with 8 tiles of N per route splits 8 ways at 1 token and not at 16; K 2048
+    with 24 tiles (Qwen3-30B) splits 2 ways at 1 token; deeper pipelines where the split is small."""
+    spec = get_spec("fp8_decode.gate_up")
+    for model, tp, tokens, split, stages in (("deepseek-v3", 8, 1, 8, 3), ("deepseek-v3", 8, 16, 1, 4),
+                                             ("qwen3-30b-a3b", 1, 1, 2, 4), ("qwen3-30b-a3b", 1, 16, 1, 4)):
+        shape = spec.normalize_shape(spec.shape_from_model(get_model(model), tp=tp))
+        problem = spec.problem(shape, tokens=tokens)
+        got = spec.heuristic(shape, problem.routes, "sm_90")
+        assert (got["ALGO"], got["SPLIT_K"], got["num_stages"]) == ("route", split, stages), (model, tokens)
+        assert spec.constraint(got, problem, H200) is None
+
+
 def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
     """Why the constraint keeps the W8A16 GEMV at num_stages 1: Triton pipelines only loads that feed
     tl.dot, so every value builds the same binary (compiled for sm_90 without a GPU). A Triton that

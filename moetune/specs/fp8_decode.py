@@ -28,6 +28,7 @@ from ._routed_reference import routed_matmul
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
+_SM90_PROGRAMS = 264  # the same on sm_90 with A_FP8 2 tiles (BN 64): two programs per H200 SM
 
 
 def _next_pow2(v: int) -> int:
@@ -136,11 +137,16 @@ class _Fp8DecodeGemm(KernelSpec):
 
         sm_90 only, from session 4's DeepSeek-V3 TP8 run (E 256; gate/up K 7168, down K 256): activations
         split once into two fp8 terms (A_FP8 2) won every point but the short-K down GEMM at 1 and 4
-        tokens. Long K: the split-K one-route tl.dot (route, BN64 BK128 S8) at 1, 4 and 16 tokens (12.6,
-        36.5, 105.4 us), grouped SWAP_AB tiles at 64 (225.7 us). Short K: the W8A16 GEMV at 1 and 4
-        tokens (8.5, 23.0 us), grouped SWAP_AB A_FP8 2 at 16 and 64 (64.1, 139.0 us); the edge at a
-        quarter row per expert is a guess halfway (in log) between those points. fp8 tensor-core dots
-        need sm_89+, and other archs are unmeasured, so they keep session 1's rules."""
+        tokens. Short K: the W8A16 GEMV at 1 and 4 tokens (8.5, 23.0 us), grouped SWAP_AB A_FP8 2 at
+        16 and 64 (64.1, 139.0 us); the edge at a quarter row per expert is a guess halfway (in log)
+        between those points. Long K, revised on session 5's exhaustive reference slices (DeepSeek-V3
+        and Qwen3-30B-A3B, K 7168 and 2048, at 1, 16 and 64 tokens; results/reference/): the one-route
+        tl.dot (route, BN64 BK128) with split-K only until the grid has two programs per SM (S8 at
+        DeepSeek-V3's 1 token, S1 at 16), 4 stages up to S2; grouped SWAP_AB BN64 BK256 above one row
+        per expert. Against each point's best, this picks 1.000-1.054x at those six gate/up points
+        (session 4's rule: 1.048-1.56x, worst at Qwen's 16 tokens, where S8 split a 2048-long K into
+        2-block slices). fp8 tensor-core dots need sm_89+, and other archs are unmeasured, so they keep
+        session 1's rules."""
         n, k, e = shape["N"], shape["K"], shape["E"]
         if arch == "interpreter":  # fewest programs: the interpreter pays per program
             return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
@@ -148,11 +154,18 @@ class _Fp8DecodeGemm(KernelSpec):
         long_k = k >= 2048
         if arch == "sm_90":
             if long_k and routes <= e:
-                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                        "SPLIT_K": min(8, triton.cdiv(k, 128)), "A_FP8": 2, "num_stages": 3}
-            if long_k or 4 * routes > e:
+                split = 1  # enough programs for two waves on 132 SMs, no more: a split re-reads nothing
+                while split < 8 and routes * triton.cdiv(n, 64) * split < _SM90_PROGRAMS \
+                        and 2 * split * 128 <= k:
+                    split *= 2
+                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split,
+                        "A_FP8": 2, "num_stages": 4 if split <= 2 else 3}
+            if long_k:
+                return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
+                        "BLOCK_SIZE_K": 256, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 3}
+            if 4 * routes > e:
                 return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
-                        "BLOCK_SIZE_K": 128, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 4 if long_k else 3}
+                        "BLOCK_SIZE_K": 128, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 3}
         if routes <= e:
             bk, split = (256 if k > 128 else 128), 1
             if long_k:
