@@ -5,7 +5,7 @@ searches several problems at once, earliest first, so no worker idles while a
 point waits for its default's result or its strategy waits for a batch. Strategies
 that learn from results (:class:`~moetune.strategies.adaptive.AdaptiveStrategy`)
 are asked for the same batches as in the plain sweep (``propose(BATCH)``, which
-they cap at a tenth of their budget), each batch observed whole before the next,
+they cap at a quarter of their budget), each batch observed whole before the next,
 so the search does not depend on how many GPUs run it; the others keep a sweep
 batch in flight so compiles run ahead of the GPUs.
 

@@ -173,7 +173,10 @@ class ModelGuided(AdaptiveStrategy):
             return []
         total = self.search_budget()
         used = total - left
-        k = min(n, max(1, total // 10))  # batches no larger than a tenth of the budget: the model learns
+        # Batches of at most a quarter of the budget, so the model learns between them. Replay at a
+        # sweep's batch of 64 (H200 reference data, 10% budgets, noise 1.5, 10 seeds): a tenth gave
+        # 1.011 geomean, worst point 1.141; a quarter 1.003 and 1.030, in fewer (compile-bound) rounds.
+        k = min(n, max(1, total // 4))
         hints = self.unmeasured(self._hints)
         if hints:
             return self.take(hints, k)
