@@ -13,7 +13,7 @@ import itertools
 import json
 import math
 from collections.abc import Hashable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -150,6 +150,16 @@ class KernelSpec:
         under it. Default: every key matters."""
         return dict(config)
 
+    def compile_problem(self, problem: Problem) -> Problem:
+        """A problem whose inputs build the same binaries as ``problem``'s, for the compile workers.
+
+        Compile launches never run, so their inputs' contents do not matter, but a dozen compile
+        processes each holding a model's full expert weights do not fit on one GPU (DeepSeek-V3 at
+        TP 1: 7.5 GB a set). A spec whose kernels see the expert count only through unspecialized
+        arguments returns a smaller problem here (see :func:`fewer_experts`). A mismatch costs speed
+        only: the measuring worker compiles what the cache lacks. Default: ``problem`` itself."""
+        return problem
+
     def constraint_key(self, problem: Problem) -> Hashable:
         """What :meth:`constraint` reads of ``problem``: a sweep plans points with equal keys (on one
         device) once. The default, the whole problem, shares nothing; a spec whose constraint reads
@@ -239,6 +249,19 @@ class KernelSpec:
         shape = self.normalize_shape(shape)
         routes = int(round(tokens * shape["top_k"] * active_fraction))
         return Problem(self.name, shape, tokens, routes, active_fraction, routing)
+
+
+def fewer_experts(problem: Problem) -> Problem:
+    """``problem`` with the fewest experts Triton cannot tell from E, for
+    :meth:`KernelSpec.compile_problem`: the same residue mod 16 (so E's specialization: 1, a
+    multiple of 16 or neither), and at least ``top_k``. For ops whose kernels take E-dependent
+    integers only unspecialized (``do_not_specialize``). Trace routing keeps the problem: its ids
+    name the real experts."""
+    e, top_k = problem.shape["E"], problem.shape["top_k"]
+    if problem.routing.startswith("trace:") or e == 1:
+        return problem
+    fewer = next(x for x in itertools.count(e % 16 or 16, 16) if x >= max(2, top_k))
+    return replace(problem, shape={**problem.shape, "E": fewer}) if fewer < e else problem
 
 
 # ---- registry --------------------------------------------------------------------------

@@ -184,7 +184,8 @@ def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str
 
 class _CompileInputs:
     """A compile worker's inputs for the current problem: made once per problem, not per config
-    (only the binary matters there), on the same pooled weights as measurements."""
+    (only the binary matters there), for the spec's :meth:`~moetune.spec.KernelSpec.compile_problem`
+    (on the same pooled weights as measurements when that is the problem itself)."""
 
     def __init__(self) -> None:
         self.key: Any = None
@@ -194,7 +195,11 @@ class _CompileInputs:
         key = (cand.spec.name, cand.problem)
         if key != self.key:
             self.key = self.inputs = None  # free the previous problem's tensors first
-            self.inputs = make_inputs(cand, seed, 0, lock_path)
+            stand_in = cand.spec.compile_problem(cand.problem)
+            if stand_in == cand.problem:
+                self.inputs = make_inputs(cand, seed, 0, lock_path)
+            else:  # small (fewer experts): drawn here, not kept in the measurements' weight pool
+                self.inputs = cand.spec.make_inputs(stand_in, cand.where, seed)
             cand._sync()
             self.key = key
         return self.inputs

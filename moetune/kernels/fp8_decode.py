@@ -331,7 +331,7 @@ def _zero_inactive_rows(ids_ptr, out_ptr, block, R, offs_n, n_mask, stride_om,
              mask=(ids < 0)[:, None] & n_mask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_BLOCKS"])  # moves with E and the routes; only compared
 def _grouped_gemm_kernel(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
     N, K, R, NUM_BLOCKS, A_ROW_DIV,

@@ -18,7 +18,7 @@ import torch
 
 from ..device import DeviceInfo
 from ..models import ModelPreset
-from ..spec import Config, Inputs, KernelSpec, Problem, register
+from ..spec import Config, Inputs, KernelSpec, Problem, fewer_experts, register
 from ._routed_reference import routed_matmul
 
 GEMMS = ("gate_up", "down")
@@ -205,6 +205,10 @@ class Fp4PrefillSpec(KernelSpec):
         if out["K"] % 32:
             raise ValueError(f"{self.name}: shape K must be a multiple of 32, got {out['K']}")
         return out
+
+    def compile_problem(self, problem: Problem) -> Problem:
+        """Fewer experts: the GEMMs see E only through the aligned routes' M-block count, unspecialized."""
+        return fewer_experts(problem)
 
     def constraint_key(self, problem: Problem) -> tuple:
         """The constraint reads the shape and the tile bounds the density sets, as far as the space's

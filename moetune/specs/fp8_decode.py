@@ -23,12 +23,14 @@ from ..kernels import fp8_decode as F
 from ..models import ModelPreset
 from ..quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from ..routing import make_routes
-from ..spec import Config, Inputs, KernelSpec, Problem, register
+from ..spec import Config, Inputs, KernelSpec, Problem, fewer_experts, register
 from ._routed_reference import routed_matmul
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
 _SM90_PROGRAMS = 264  # the same on sm_90 with A_FP8 2 tiles (BN 64): two programs per H200 SM
+
+_WEIGHT_CHUNK_BYTES = 1 << 30  # DeepSeek-V3 at TP 1 draws 30 GB of fp32 gate/up weights otherwise
 
 
 def _next_pow2(v: int) -> int:
@@ -86,6 +88,10 @@ class _Fp8DecodeGemm(KernelSpec):
         if cfg.get("ALGO", "route") == "route" and not cfg.get("A_FP8", 0) and not cfg.get("FUSE", 0):
             cfg["num_stages"] = 1
         return cfg
+
+    def compile_problem(self, problem: Problem) -> Problem:
+        """Fewer experts: the GEMMs see E only through the grouped path's M-block count, unspecialized."""
+        return fewer_experts(problem)
 
     def constraint_key(self, problem: Problem) -> tuple:
         """The constraint reads the shape and, for BLOCK_SIZE_M, the routes rounded up to a power of two
@@ -181,9 +187,14 @@ class _Fp8DecodeGemm(KernelSpec):
     def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:
         """Block-quantized fp8 expert weights and their scales (the expensive part, reused by the tuner)."""
         s = problem.shape
+        e, n, k = s["E"], s["N"], s["K"]
         dgen = torch.Generator(device=device).manual_seed(seed)
-        full = torch.randn(s["E"], s["N"], s["K"], generator=dgen, device=device) * 0.05
-        w, scale = quantize_fp8_block(full)
+        w = torch.empty(e, n, k, dtype=torch.float8_e4m3fn, device=device)
+        scale = torch.empty(e, -(-n // 128), -(-k // 128), dtype=torch.float32, device=device)
+        step = max(1, _WEIGHT_CHUNK_BYTES // (4 * n * k))  # fp32 experts drawn at once: a bounded peak
+        for i in range(0, e, step):
+            full = torch.randn(min(step, e - i), n, k, generator=dgen, device=device) * 0.05
+            w[i:i + step], scale[i:i + step] = quantize_fp8_block(full)
         return {"w": w, "w_scale": scale}
 
     def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
