@@ -7,7 +7,11 @@ included). With no budget an adaptive strategy takes a tenth of the candidates
 Final re-measurement. A single noisy measurement flatters a lucky candidate, so
 before declaring a winner the top ``FINALISTS`` ok candidates are measured again,
 interleaved (A B C A B C) so drift hits them alike; the winner has the lowest
-mean time over all of its measurements. Those measurements come out of the
+mean time over all of its measurements. The first warm start (a sweep's
+heuristic) is measured again too when it is not a finalist: it is measured
+first, while the compile workers build the point's inputs on the same GPU
+(session 6's H200 sweeps read the fp4 heuristic 1.3-1.5x slow there), and
+``moetune export`` keeps the lower of two readings. Those measurements come out of the
 budget (reserved up front), but they are *re*-measurements of stored configs,
 so they are never proposed through :meth:`propose` (which must only return
 unmeasured candidates, the resume rule). A driver runs the protocol after
@@ -37,6 +41,7 @@ DEFAULT_FRACTION = 0.1
 FINALISTS = 3
 FINAL_SHARE = 0.08  # of the budget, at most, for the re-measurement (whole rounds of FINALISTS)
 MAX_ROUNDS = 2
+RECHECK = 1  # warm starts (first hints) measured again at the end, finalist or not
 
 
 class AdaptiveStrategy(Strategy):
@@ -53,7 +58,8 @@ class AdaptiveStrategy(Strategy):
         self.total = self.planned(len(ctx.candidates), ctx.budget)
         rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
         self.rounds = rounds
-        self.reserve = rounds * FINALISTS
+        self._recheck = hint_indices(self)[:RECHECK]
+        self.reserve = rounds * FINALISTS + len(self._recheck)
         self.finals: list[Observation] = []
         self._expanded: set[int] = set()
 
@@ -95,15 +101,14 @@ class AdaptiveStrategy(Strategy):
 
     # ---- final re-measurement ----------------------------------------------------------------------
     def remeasure(self) -> list[Config]:
-        """The top candidates, interleaved, for a final re-measurement within the reserved budget."""
-        if not self.rounds:
-            return []
-        spare = self.total - len(self._seen)
-        top = sorted(self.times().items(), key=lambda kv: kv[1])[:FINALISTS]
-        if len(top) < 2:
-            return []
-        rounds = min(self.rounds, spare // len(top))
-        return [self.space.candidates[i] for _ in range(rounds) for i, _ in top]
+        """The first warm start (unless a finalist), then the top candidates interleaved: a final
+        re-measurement within the reserved budget."""
+        times = self.times()
+        top = [i for i, _ in sorted(times.items(), key=lambda kv: kv[1])[:FINALISTS]]
+        extra = [i for i in self._recheck if i in times and i not in top]
+        spare = self.total - len(self._seen) - len(extra)
+        rounds = min(self.rounds, spare // len(top)) if self.rounds and len(top) >= 2 else 0
+        return [self.space.candidates[i] for i in extra + top * rounds]
 
     def observe_remeasured(self, results: Sequence[Observation]) -> None:
         self.finals.extend(results)
