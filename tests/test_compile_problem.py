@@ -55,10 +55,10 @@ def _gemm_launches(spec, problem, config, launches):
 
 
 CASES = [
-    ("fp8_decode.gate_up", {"E": 256, "N": 256, "K": 512, "top_k": 8}, (1, 16, 64)),
-    ("fp8_decode.down", {"E": 256, "N": 256, "K": 256, "top_k": 8}, (2, 16, 40)),
-    ("fp4_prefill.gate_up", {"E": 128, "N": 128, "K": 256, "top_k": 6}, (16, 128)),
-    ("fp4_prefill.down", {"E": 128, "N": 128, "K": 128, "top_k": 6}, (16, 128)),
+    ("fp8_decode.gate_up", {"E": 256, "N": 256, "K": 512, "top_k": 8}, (1, 16, 64, 97)),
+    ("fp8_decode.down", {"E": 256, "N": 256, "K": 256, "top_k": 8}, (2, 16, 40, 256)),
+    ("fp4_prefill.gate_up", {"E": 128, "N": 128, "K": 256, "top_k": 6}, (16, 128, 700)),
+    ("fp4_prefill.down", {"E": 128, "N": 128, "K": 128, "top_k": 6}, (16, 128, 1000)),
 ]
 
 
@@ -68,7 +68,7 @@ def test_stand_in_builds_the_same_gemm_binaries(kernel, shape, tokens, launches)
     for t in tokens:
         problem = spec.problem(shape, t)
         stand_in = spec.compile_problem(problem)
-        assert stand_in.shape["E"] < problem.shape["E"]
+        assert stand_in.shape["E"] < problem.shape["E"] and stand_in.tokens <= min(t, 32)
         assert {k: v for k, v in stand_in.shape.items() if k != "E"} == \
             {k: v for k, v in problem.shape.items() if k != "E"}
         configs = [spec.default] + [spec.heuristic(problem.shape, r, "sm_90") for r in (8, 128, 4096)]
@@ -86,6 +86,8 @@ def test_stand_in_keeps_what_it_must():
     shape = {"E": 256, "N": 256, "K": 512, "top_k": 8}
     traced = dataclasses.replace(spec.problem(shape, 4), routing="trace:/some/ids.npy")
     assert spec.compile_problem(traced) is traced  # the trace's ids name the real experts
+    part = spec.problem(shape, 100, active_fraction=0.5)
+    assert spec.compile_problem(part) is part  # a rounded route count: kept as it is
     small = spec.problem({**shape, "E": 8}, 4)
     assert spec.compile_problem(small) is small
     assert spec.compile_problem(spec.problem({**shape, "E": 200}, 4)).shape["E"] == 8  # 200 = 8 mod 16
