@@ -4,9 +4,8 @@ merged into the lookup tables under ``configs/``.
 How a density's config is chosen (docs/tables.md has the long form):
 
 * Rows are grouped by (kernel, device name, shape); all GPUs that report the same device name
-  are one device. Repeated measurements of a config at a point merge: the lower median of their
-  medians (interference only slows a run), with a spread that covers how far those at or below it
-  disagree.
+  are one device. Repeated measurements of a config at a point merge: the fastest of their
+  medians (interference only slows a run), with the steadiest one's spread.
 * A config that was ever ``inaccurate`` for this (kernel, device, shape) is never exported.
 * Points (tokens, routes, active fraction, routing) with the same density form one entry. Each
   config scores the geometric mean, over the points it was measured at, of its time over the
@@ -136,17 +135,15 @@ class _Rows:
 
 
 def _merge_repeats(rows: list[dict]) -> _Point:
-    """Repeats of one config at one point (re-measurements, pooled stores). Interference on a shared
-    GPU only ever slows a run, so the time is the lower median of the repeats (the lower of two) and
-    the spread the steadiest repeat's own, or how far the repeats at or below that time lie apart.
-    Session 6's H200 sweeps read the fp4 heuristic 1.3-1.5x slow at some points (measured while the
-    compile workers built the point's inputs on the same GPU), and an H200 row of the default read a
-    p80-p20 spread of 436%: neither may decide an entry or widen the noise band until every config
-    ties with the default."""
+    """Repeats of one config at one point (re-measurements, pooled stores). Each is already a median
+    of many runs, and interference on a shared GPU only ever slows a run, so the fastest repeat is the
+    config's time and the steadiest repeat's spread its noise. Session 6's H200 sweeps read the fp4
+    heuristic at 98304 routes at 6.75 and 6.27 ms (measured while compile workers used the same GPU)
+    and at 4.75 ms once they no longer did; an H200 row of the default read a p80-p20 spread of 436%:
+    neither slow readings nor one wild spread may decide an entry."""
     times = sorted(r["time_ms"] for r in rows)
-    mid = statistics.median_low(times)
+    mid = times[0]
     spread = min(_opt(r["spread"]) or 0.0 for r in rows)
-    spread = max(spread, (mid - times[0]) / mid)
     fracs = [_opt(r["roofline_frac"]) for r in rows if _opt(r["roofline_frac"]) is not None]
     latest = max(rows, key=lambda r: r["timestamp"] or "")
     return _Point(mid, spread, max(r["error"] for r in rows), max(fracs) if fracs else None,

@@ -134,7 +134,7 @@ def test_repeats_and_gpus_of_one_name_merge_other_names_stay_apart(tmp_path):
     result = export(db, out)
     assert len(result.files) == 3  # two device tables, one arch table
     mine = by_density(read(out))[1.0]
-    assert mine["time_ms"] == pytest.approx(1.1) and mine["spread"] >= 0.1 / 1.1 - 1e-3
+    assert mine["time_ms"] == pytest.approx(1.0)  # the fastest of the repeats' medians
     assert by_density(read(out, device="NVIDIA Other"))[1.0]["config"] == cfg(32)
     # the arch table comes from the device with the most accurate measurements ...
     assert by_density(read(out, device=None))[1.0]["device"] == DEVICE
@@ -155,11 +155,12 @@ def test_one_disturbed_repeat_does_not_tie_everything_with_the_default(tmp_path)
 
 
 def test_a_run_slowed_by_interference_does_not_decide_an_entry(tmp_path):
-    """Interference only slows a run: of two readings of a config, the lower one counts (an H200 sweep
-    read the fp4 heuristic at 1.5x its time while the compile workers shared the GPU)."""
+    """Interference only slows a run: of several readings of a config, the fastest counts, even when
+    most are slow (an H200 sweep read the fp4 heuristic at 1.3-1.4x its time twice while the compile
+    workers shared the GPU)."""
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
-    fill(db, [row(DEFAULT, 2.0, spread=0.01), row(cfg(16), 1.5, spread=0.01), row(cfg(16), 1.0, spread=0.01),
-              row(cfg(32), 1.2, spread=0.01)])
+    fill(db, [row(DEFAULT, 2.0, spread=0.01), row(cfg(16), 1.5, spread=0.01), row(cfg(16), 1.45, spread=0.02),
+              row(cfg(16), 1.0, spread=0.01), row(cfg(32), 1.2, spread=0.01)])
     got = by_density(read(out)) if export(db, out).problems == [] else {}
     assert got[1.0]["config"] == cfg(16) and got[1.0]["time_ms"] == pytest.approx(1.0)
     assert got[1.0]["spread"] < 0.05

@@ -164,6 +164,6 @@ def test_rows_of_gemv_configs_that_differ_only_in_num_stages_export_as_one(tmp_p
     assert export(tmp_path / "r.sqlite", tmp_path / "configs").problems == []
     path = table_path(tmp_path / "configs", "sm_90", spec.name, shape, device="NVIDIA H200")
     (entry,) = read(path)["entries"]
-    # the two readings pool under num_stages 1; export keeps the lower
+    # the two readings pool under num_stages 1; export keeps the faster
     assert entry["config"] == {**gemv, "num_stages": 1} and entry["time_ms"] == pytest.approx(0.0074)
     assert [f for f in verify([tmp_path / "configs"], schema_only=True)[1] if f.level == "error"] == []
