@@ -12,7 +12,8 @@ How a density's config is chosen (docs/tables.md has the long form):
   default's time at that point (the best time there when the default is missing); its noise
   band is +- half its mean relative spread.
 * The lowest score wins; configs whose bands overlap the winner's are ties, broken by the lower
-  spread. When the default's band overlaps the winner's, the entry keeps the default.
+  spread (a band is never wider than +-5%: a wider spread is a disturbed reading). When the
+  default's band overlaps the winner's, the entry keeps the default.
 * Every device gets its own table; the arch table is filled from one device per shape (the one
   with the most accurate measurements there, or ``arch_device``).
 """
@@ -150,6 +151,12 @@ def _merge_repeats(rows: list[dict]) -> _Point:
                   latest["timestamp"] or "", _opt(latest["triton_version"]))
 
 
+# Widest relative spread a noise band takes. Steady H200 readings spread 0.1-1%; a wider one is a
+# disturbed reading, not a wider truth: a 61% spread on the fp4 heuristic (gpt-oss-120b, 3072 routes)
+# tied it with a steady config 27% slower, which then won on its lower spread.
+TIE_SPREAD_CAP = 0.1
+
+
 def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: set[str]) -> tuple[str, int]:
     """The config key for one density and how many points its score covers."""
     default = canonical_json(dict(spec.default))
@@ -173,16 +180,17 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
 
     def band(cfg: str) -> tuple[float, float]:
         s, sp, _ = scores[cfg]
+        sp = min(sp, TIE_SPREAD_CAP)
         return s * (1 - sp / 2), s * (1 + sp / 2)
 
-    def overlap(a: str, b: str) -> bool:
+    def tie(a: str, b: str) -> bool:
         (lo_a, hi_a), (lo_b, hi_b) = band(a), band(b)
         return lo_a <= hi_b and lo_b <= hi_a
 
     best = min(scores, key=lambda c: (scores[c][0], c))
-    if default in scores and overlap(best, default):
+    if default in scores and tie(best, default):
         return default, scores[default][2]
-    tied = [c for c in scores if overlap(c, best)]
+    tied = [c for c in scores if tie(c, best)]
     chosen = min(tied, key=lambda c: (scores[c][1], scores[c][0], c))
     return chosen, scores[chosen][2]
 

@@ -118,6 +118,14 @@ def test_ties_within_noise_go_to_the_lower_spread(tmp_path):
     assert by_density(read(out))[1.0]["config"] == cfg(32)
 
 
+def test_a_wild_spread_does_not_tie_a_fast_config_with_a_slow_steady_one(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"  # the gpt-oss-120b H200 case: 0.93 (61%) vs 1.19
+    fill(db, [row(DEFAULT, 2.0, spread=0.01), row(cfg(16), 0.93, spread=0.61),
+              row(cfg(32), 1.19, spread=0.003)])
+    export(db, out)
+    assert by_density(read(out))[1.0]["config"] == cfg(16)
+
+
 def test_a_config_inaccurate_anywhere_is_never_exported(tmp_path):
     db, out = tmp_path / "r.sqlite", tmp_path / "configs"
     fill(db, [row(DEFAULT, 2.0, tokens=1), row(cfg(16), 0.5, tokens=1), row(cfg(32), 1.0, tokens=1),
