@@ -18,7 +18,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 # Exception names (any module) that mean the config did not compile or does not fit the device.
@@ -85,7 +85,7 @@ class _Candidate:
         return {"status": "ok"}
 
     def measure(self, inputs: Any) -> dict[str, Any]:
-        from .timing import TimingOptions, roofline_frac, summarize, time_events, time_graph, time_wall
+        from .timing import TimingOptions, roofline_frac, steadiest, time_events, time_graph, time_wall
 
         spec, problem = self.spec, self.problem
         clock = _Phases(self._sync)
@@ -106,24 +106,33 @@ class _Candidate:
         clock.lap("timing_sets")
         fns = [lambda s=s: spec.run(s, self.config) for s in sets]
         reason, best = None, self.task.get("best_ms")
-        if not self.device.is_gpu:  # the arch column ("interpreter") marks these times as meaningless
-            samples, per = time_wall(fns, opts)
-        elif spec.cuda_graph:
-            try:
-                samples, per = time_graph(fns, opts, best)
-            except RuntimeError as e:  # not capturable: still time it, and say how
-                if any(m in str(e) for m in _CUDA_MARKERS):
-                    raise
-                samples, per = time_events(fns, opts, self.device.l2_bytes, best)
-                reason = f"timed without a CUDA graph (capture failed: {describe(e, 120)})"
-        else:
-            samples, per = time_events(fns, opts, self.device.l2_bytes, best)
-        stats = summarize(samples)
+        method = "wall" if not self.device.is_gpu else "graph" if spec.cuda_graph else "events"
+
+        def take() -> tuple[list[float], int]:
+            nonlocal method, reason
+            if method == "wall":  # the arch column ("interpreter") marks these times as meaningless
+                return time_wall(fns, opts)
+            if method == "graph":
+                try:
+                    return time_graph(fns, opts, best)
+                except RuntimeError as e:  # not capturable: still time it, and say how
+                    if any(m in str(e) for m in _CUDA_MARKERS):
+                        raise
+                    method = "events"
+                    reason = f"timed without a CUDA graph (capture failed: {describe(e, 120)})"
+            return time_events(fns, opts, self.device.l2_bytes, best)
+
+        # On the GPU a wide spread marks another process's work in the timed window: time it again
+        stats, _, spent, readings = steadiest(
+            take, opts if self.device.is_gpu else replace(opts, retimes=0))
+        if readings > 1:
+            note = f"timed {readings} times (spread above {opts.retime_spread:.0%}), the steadiest kept"
+            reason = f"{reason}; {note}" if reason else note
         clock.lap("timing")
         frac = roofline_frac(self.device.name, out["bytes"], out["flops"], stats["time_ms"],
                              getattr(spec, "mma", "bf16")) if self.device.is_gpu else None
         return {**out, **stats, "status": "ok", "reason": reason, "roofline_frac": frac,
-                "kernel_ms": sum(samples) * per}
+                "kernel_ms": spent}
 
     def _input_sets(self, nbytes: int) -> int:
         """Rotate input sets when one fits in L2 twice over, so runs do not hit each other's cache."""

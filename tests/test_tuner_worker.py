@@ -34,6 +34,20 @@ def test_describe_keeps_the_telling_line():
     assert len(describe(ValueError("x" * 1000))) == 400
 
 
+def test_a_wide_reading_is_taken_again_and_the_steadiest_kept():
+    from moetune.timing import TimingOptions, steadiest
+
+    readings = iter([([1.0, 1.3, 1.0, 1.6, 1.0], 1), ([1.0, 1.0, 1.01, 1.0, 1.0], 2), ([9.0] * 5, 1)])
+    stats, (samples, per), spent, n = steadiest(lambda: next(readings), TimingOptions(retime_spread=0.05))
+    assert n == 2 and per == 2 and stats["spread"] <= 0.05 and samples[2] == 1.01
+    assert spent == pytest.approx(5.9 + 2 * 5.01)  # the device time of both readings
+    wild = iter([([1.0, 2.0, 3.0], 1)] * 3)
+    stats, _, _, n = steadiest(lambda: next(wild), TimingOptions(retime_spread=0.05, retimes=2))
+    assert n == 3 and stats["spread"] > 0.05  # gives up after `retimes` more readings
+    once = iter([([1.0, 2.0, 3.0], 1)])
+    assert steadiest(lambda: next(once), TimingOptions(retimes=0))[3] == 1
+
+
 def test_summarize():
     s = summarize([float(x) for x in range(1, 11)])
     assert s["time_ms"] == 5.5 and s["min_ms"] == 1.0 and s["n_runs"] == 10
