@@ -37,11 +37,13 @@ for st in "${stages[@]}"; do
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing uniform,zipf:1.2 ;;
     gather)
       sweep -m deepseek-v4-flash --tp 2 -k gather_rows ;;
-    more)  # the rest of the model list, as far as the time allows
+    more)  # the rest of the model list (session 6 swept each of these once, active fraction 1)
       sweep -m deepseek-v3 --tp 1 -k fp8_decode --active 1
       sweep -m kimi-k2 --tp 8 -k fp8_decode --active 1
       sweep -m qwen3-235b-a22b --tp 4 -k fp8_decode --active 1
+      sweep -m qwen3-235b-a22b --tp 1 -k fp8_decode --active 1
       sweep -m qwen3-30b-a3b --tp 1 -k fp8_decode --active 1
+      sweep -m qwen3-30b-a3b --tp 4 -k fp8_decode --active 1
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill
       sweep -m gpt-oss-120b -k fp4_prefill ;;
     export)
