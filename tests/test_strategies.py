@@ -145,6 +145,24 @@ def test_the_first_warm_start_is_measured_again_even_when_it_reads_slow(points):
     assert again[0] == hint and hint not in again[1:] and len(seen) + len(again) <= 80
 
 
+def test_a_re_checked_warm_start_does_not_win_by_being_the_only_re_measured_config(points):
+    """At small budgets the final re-measurement is the warm start alone; the winner is still the
+    config with the best mean over its readings, not the only config measured twice."""
+    p = points[1]
+    hint = p.configs[7]
+    s = get_strategy("model")
+    s.start(SearchContext(None, p.problem, p.configs, [], hints=[hint], budget=12, seed=0))
+    seen = []
+    while batch := s.propose(4):
+        seen += batch
+        s.observe([Observation(c, "ok", 5.0 if c == hint else 1.0 + 0.01 * len(seen) + 0.001 * i, 0.01)
+                   for i, c in enumerate(batch)])
+    again = s.remeasure()
+    assert again == [hint]
+    s.observe_remeasured([Observation(hint, "ok", 4.0, 0.01)])
+    assert s.winner().key == canonical_json(seen[1]) and s.winner().time_ms < 2.0
+
+
 def test_default_budget_is_a_tenth(points):
     p = points[1]
     s = get_strategy("model")

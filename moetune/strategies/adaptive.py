@@ -6,8 +6,8 @@ included). With no budget an adaptive strategy takes a tenth of the candidates
 
 Final re-measurement. A single noisy measurement flatters a lucky candidate, so
 before declaring a winner the top ``FINALISTS`` ok candidates are measured again,
-interleaved (A B C A B C) so drift hits them alike; the winner has the lowest
-mean time over all of its measurements. The first warm start (a sweep's
+interleaved (A B C A B C) so drift hits them alike; the winner is the config with
+the lowest mean time over all of its measurements. The first warm start (a sweep's
 heuristic) is measured again too when it is not a finalist: it is measured
 first, while the compile workers build the point's inputs on the same GPU
 (session 6's H200 sweeps read the fp4 heuristic 1.3-1.5x slow there), and
@@ -114,21 +114,18 @@ class AdaptiveStrategy(Strategy):
         self.finals.extend(results)
 
     def winner(self) -> Observation | None:
-        """The lowest mean time over every measurement of a finalist (the best one without finals)."""
-        if not self.finals:
-            return self.best()
-        pooled: dict[str, list[float]] = {}
-        for o in self.finals:
+        """The lowest mean time over all of a config's ok measurements (finalists and re-checked warm
+        starts have several, the rest one; the best measured one without finals)."""
+        readings: dict[str, list[float]] = {}
+        for o in [*self.history, *self.finals]:
             if o.ok:
-                pooled.setdefault(o.key, []).append(o.time_ms)
-        for o in self.history:
-            if o.ok and o.key in pooled:
-                pooled[o.key].append(o.time_ms)
-        if not pooled:
+                readings.setdefault(o.key, []).append(o.time_ms)
+        if not readings:
             return self.best()
-        key = min(pooled, key=lambda k: sum(pooled[k]) / len(pooled[k]))
+        mean = {k: sum(ts) / len(ts) for k, ts in readings.items()}
+        key = min(mean, key=lambda k: (mean[k], k))
         first = next(o for o in self.history if o.key == key)
-        return Observation(first.config, "ok", sum(pooled[key]) / len(pooled[key]), first.spread, first.error)
+        return Observation(first.config, "ok", mean[key], first.spread, first.error)
 
 
 def hint_indices(strategy: AdaptiveStrategy) -> list[int]:
