@@ -103,8 +103,8 @@ def _each_once(db):
 
 def test_ctrl_c_then_sigkill_then_resume(tmp_path):
     db = tmp_path / "r.sqlite"
-    proc = _cli(db, sleep="0.4")
-    _wait_rows(db, 1, proc)
+    proc = _cli(db, sleep="1.0")  # ~10 s of candidates left after the first row: Ctrl-C lands mid-sweep
+    _wait_rows(db, 1, proc)       # even on a loaded 2-core machine
     proc.send_signal(signal.SIGINT)  # Ctrl-C: stops cleanly, keeps what it measured
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
