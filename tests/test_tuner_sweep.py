@@ -78,7 +78,10 @@ def _cli(db, *args, sleep="0"):
     env = {**os.environ, "TRITON_INTERPRET": "1", "CRASHY_SLEEP": sleep}
     cmd = [sys.executable, "-c", CLI, str(TESTS), "sweep", "--kernel", "test.steady", "--model", "tiny",
            "--tokens", "1", "--strategy", "exhaustive", "--db", str(db), "--quiet", *args]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # A test process may have inherited or set SIGINT to "ignore"; an ignored signal stays ignored
+    # across exec, and this CLI must see Ctrl-C as a user's shell would deliver it.
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_rows(db, n, proc, limit=120):
@@ -107,7 +110,8 @@ def test_ctrl_c_then_sigkill_then_resume(tmp_path):
     _wait_rows(db, 1, proc)       # even on a loaded 2-core machine
     proc.send_signal(signal.SIGINT)  # Ctrl-C: stops cleanly, keeps what it measured
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out, out
+    assert proc.returncode == 130 and "interrupted" in out and "Traceback" not in out, \
+        f"SIGINT here: {signal.getsignal(signal.SIGINT)}\n{out}"
     with Store(db) as s:
         n = s.count()
     proc = _cli(db, sleep="0.4")
