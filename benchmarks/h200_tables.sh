@@ -4,7 +4,9 @@
 #
 #   OUT=/tmp/out bash benchmarks/h200_tables.sh [stage ...]
 #
-# Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list).
+# Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list,
+# `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
+# first readings against a bench).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
@@ -46,6 +48,18 @@ for st in "${stages[@]}"; do
       sweep -m qwen3-30b-a3b --tp 4 -k fp8_decode --active 1
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill
       sweep -m gpt-oss-120b -k fp4_prefill ;;
+    active)  # active fractions 1/2 and 1/4 for the fp8 models first swept at active 1 only
+      for mt_ in deepseek-v3:1 kimi-k2:8 qwen3-235b-a22b:4 qwen3-235b-a22b:1 qwen3-30b-a3b:1 qwen3-30b-a3b:4; do
+        sweep -m "${mt_%%:*}" --tp "${mt_##*:}" -k fp8_decode --active 0.5,0.25
+      done ;;
+    zipf)  # skewed routing for the fp4 prefill shapes
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2
+      sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill --routing zipf:1.2
+      sweep -m gpt-oss-120b -k fp4_prefill --routing zipf:1.2 ;;
+    retime)  # a sweep's first readings against a bench of the same points (session 6's slow heuristic)
+      DB=$OUT/retime.sqlite sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 24576,49152
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 24576,49152 \
+        --csv "$OUT/retime_bench.csv" ;;
     export)
       pooled=(--db "$DB"); for p in ${POOL:-}; do pooled+=(--db "$p"); done
       mt export "${pooled[@]}" --out configs | tee "$OUT/export.txt"
