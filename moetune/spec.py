@@ -254,20 +254,20 @@ class KernelSpec:
 def fewer_experts(problem: Problem) -> Problem:
     """``problem`` with the fewest experts and tokens Triton cannot tell from the real ones, for
     :meth:`KernelSpec.compile_problem`: the same residues mod 16 (so the same specialization of E,
-    the token count and the route count: 1, a multiple of 16 or neither), at least ``top_k``
-    experts. For ops whose kernels take E-dependent integers only unspecialized
-    (``do_not_specialize``). Fewer tokens also keep the compile workers' GPU work (activations,
-    route alignment) small: it shares the GPU with timed runs. Trace routing keeps the problem
-    (its ids name the real experts), and so does an active fraction below 1 (its route count is
-    rounded)."""
+    the token count and the route slots: 1, a multiple of 16 or neither), at least ``top_k``
+    experts, the same active fraction. For ops whose kernels take E-dependent integers only
+    unspecialized (``do_not_specialize``). Fewer tokens also keep the compile workers' GPU work
+    (activations, route alignment) small: it shares the GPU with timed runs. Trace routing keeps
+    the problem (its ids name the real experts)."""
     e, top_k = problem.shape["E"], problem.shape["top_k"]
-    if problem.routing.startswith("trace:") or problem.active_fraction != 1:
+    if problem.routing.startswith("trace:"):
         return problem
     shape = dict(problem.shape)
     if e > 1:
         shape["E"] = min(e, next(x for x in itertools.count(e % 16 or 16, 16) if x >= max(2, top_k)))
     tokens = problem.tokens if problem.tokens <= 32 else 16 + problem.tokens % 16
-    out = replace(problem, shape=shape, tokens=tokens, routes=tokens * top_k)
+    routes = int(round(tokens * top_k * problem.active_fraction))
+    out = replace(problem, shape=shape, tokens=tokens, routes=routes)
     return problem if out == problem else out
 
 

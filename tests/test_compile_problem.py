@@ -55,18 +55,22 @@ def _gemm_launches(spec, problem, config, launches):
 
 
 CASES = [
-    ("fp8_decode.gate_up", {"E": 256, "N": 256, "K": 512, "top_k": 8}, (1, 16, 64, 97)),
-    ("fp8_decode.down", {"E": 256, "N": 256, "K": 256, "top_k": 8}, (2, 16, 40, 256)),
-    ("fp4_prefill.gate_up", {"E": 128, "N": 128, "K": 256, "top_k": 6}, (16, 128, 700)),
-    ("fp4_prefill.down", {"E": 128, "N": 128, "K": 128, "top_k": 6}, (16, 128, 1000)),
+    ("fp8_decode.gate_up", {"E": 256, "N": 256, "K": 512, "top_k": 8}, (1, 16, 64, 97), 1.0),
+    ("fp8_decode.down", {"E": 256, "N": 256, "K": 256, "top_k": 8}, (2, 16, 40, 256), 1.0),
+    # part of the routes inactive: the kernels still see every route slot (decode sweeps 1/2 and 1/4)
+    ("fp8_decode.gate_up", {"E": 256, "N": 256, "K": 512, "top_k": 8}, (1, 3, 40, 97), 0.25),
+    ("fp8_decode.down", {"E": 256, "N": 256, "K": 256, "top_k": 8}, (1, 16, 50, 256), 0.5),
+    ("fp4_prefill.gate_up", {"E": 128, "N": 128, "K": 256, "top_k": 6}, (16, 128, 700), 1.0),
+    ("fp4_prefill.down", {"E": 128, "N": 128, "K": 128, "top_k": 6}, (16, 128, 1000), 1.0),
 ]
 
 
-@pytest.mark.parametrize(("kernel", "shape", "tokens"), CASES, ids=[c[0] for c in CASES])
-def test_stand_in_builds_the_same_gemm_binaries(kernel, shape, tokens, launches):
+@pytest.mark.parametrize(("kernel", "shape", "tokens", "active"), CASES,
+                         ids=[f"{c[0]}-active{c[3]:g}" for c in CASES])
+def test_stand_in_builds_the_same_gemm_binaries(kernel, shape, tokens, active, launches):
     spec = get_spec(kernel)
     for t in tokens:
-        problem = spec.problem(shape, t)
+        problem = spec.problem(shape, t, active_fraction=active)
         stand_in = spec.compile_problem(problem)
         assert stand_in.shape["E"] < problem.shape["E"] and stand_in.tokens <= min(t, 32)
         assert {k: v for k, v in stand_in.shape.items() if k != "E"} == \
@@ -86,8 +90,8 @@ def test_stand_in_keeps_what_it_must():
     shape = {"E": 256, "N": 256, "K": 512, "top_k": 8}
     traced = dataclasses.replace(spec.problem(shape, 4), routing="trace:/some/ids.npy")
     assert spec.compile_problem(traced) is traced  # the trace's ids name the real experts
-    part = spec.problem(shape, 100, active_fraction=0.5)
-    assert spec.compile_problem(part) is part  # a rounded route count: kept as it is
+    part = spec.compile_problem(spec.problem(shape, 100, active_fraction=0.25))
+    assert (part.tokens, part.routes, part.active_fraction) == (20, 40, 0.25)  # 100 = 20 mod 16
     small = spec.problem({**shape, "E": 8}, 4)
     assert spec.compile_problem(small) is small
     assert spec.compile_problem(spec.problem({**shape, "E": 200}, 4)).shape["E"] == 8  # 200 = 8 mod 16
