@@ -8,7 +8,10 @@ gate/up space is ~1.4k measurements, as many as the whole slice.) The default's 
 there, over the exhaustive best, is the quality reported (same measurement conditions for both).
 
     PYTHONPATH=. python benchmarks/strategy_live_check.py --out $OUT/live \\
-        --job "deepseek-v3:8:fp8_decode.gate_up:tokens=8:$SLICE" [--gpus all] [--exhaustive-s 400]
+        --job "deepseek-v3:8:fp8_decode.gate_up:tokens=8:$SLICE" [--gpus all] [--exhaustive-s 400] \\
+        [--only default|exhaustive]
+
+With ``--only`` the two sides can run in separate calls (one device call each), into the same --out.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def main() -> None:
     ap.add_argument("--job", required=True, help="one point, reference_dataset.py's job syntax")
     ap.add_argument("--gpus", default=None)
     ap.add_argument("--exhaustive-s", type=float, default=400.0)
+    ap.add_argument("--only", choices=("default", "exhaustive"),
+                    help="run one side (its wall time kept in --out); the check is made once both are there")
     args = ap.parse_args()
     job = parse_job(args.job)
     density = [("tokens", job["tokens"])] if "tokens" in job else [("routes", job["routes"])]
@@ -67,9 +72,15 @@ def main() -> None:
         return [sys.executable, str(here / "reference_dataset.py"), "--db", str(out / f"{strategy}.sqlite"),
                 "--job", args.job, "--budget-s", str(args.exhaustive_s), "--remeasure", "0",
                 "--strategy", strategy, "--out", str(out / f"{strategy}_points.json"), *gpus]
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
-        wall_default = run(search(DEFAULT_STRATEGY), a, out / "default.log")
-        wall_exhaustive = run(search("exhaustive"), b, out / "exhaustive.log")
+    for side, strategy in (("default", DEFAULT_STRATEGY), ("exhaustive", "exhaustive")):
+        if args.only in (None, side):
+            with tempfile.TemporaryDirectory() as cache:  # each side compiles from an empty Triton cache
+                wall = run(search(strategy), cache, out / f"{side}.log")
+            (out / f"wall_{side}.json").write_text(json.dumps({"wall_s": wall}))
+    if not all((out / f"wall_{side}.json").exists() for side in ("default", "exhaustive")):
+        return
+    wall_default, wall_exhaustive = (json.loads((out / f"wall_{side}.json").read_text())["wall_s"]
+                                     for side in ("default", "exhaustive"))
     mine = ok_rows(out / f"{DEFAULT_STRATEGY}.sqlite", job["kernel"])
     every = ok_rows(out / "exhaustive.sqlite", job["kernel"])
     winner = mine.idxmin()

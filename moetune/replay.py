@@ -200,10 +200,12 @@ def replay_point(point: RefPoint, strategy: str, budget: int, seed: int, batch: 
     strat.start(SearchContext(_spec_or_none(point.kernel), point.problem, point.configs, measured,
                               list(hints), budget, seed))
     seen = {o.key for o in measured}
+    rounds = 0  # batches: a live sweep waits for each batch's compiles, so they set its wall time
     while True:
         proposal = strat.propose(batch)
         if not proposal:
             break
+        rounds += 1
         if len(proposal) > batch:
             raise RuntimeError(f"{strategy} proposed {len(proposal)} configs for a batch of {batch}")
         keys = [canonical_json(c) for c in proposal]
@@ -212,10 +214,12 @@ def replay_point(point: RefPoint, strategy: str, budget: int, seed: int, batch: 
         seen.update(keys)
         strat.observe([look.measure(c) for c in proposal])
     if hasattr(strat, "remeasure"):
-        strat.observe_remeasured([look.measure(c) for c in strat.remeasure()])
+        finals = strat.remeasure()
+        rounds += bool(finals)
+        strat.observe_remeasured([look.measure(c) for c in finals])
     winner = strat.winner() if hasattr(strat, "winner") else strat.best()
     chosen = math.inf if winner is None else float(point.time_ms[point.index[winner.key]])
-    return {"measurements": look.count, "winner": None if winner is None else winner.key,
+    return {"measurements": look.count, "rounds": rounds, "winner": None if winner is None else winner.key,
             "winner_ms": chosen, "quality": chosen / point.best_ms}
 
 
@@ -295,6 +299,7 @@ def per_point(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (strategy, budget, point): measurements and the quality over seeds (geomean and worst)."""
     g = runs.groupby(["strategy", "budget", "point"], sort=False)
     return g.agg(exhaustive=("exhaustive", "first"), measurements=("measurements", "mean"),
+                 rounds=("rounds", "mean"),
                  quality=("quality", _geomean), worst=("quality", "max"),
                  found=("quality", lambda q: float((q <= 1.0 + 1e-12).mean()))).reset_index()
 
@@ -306,6 +311,7 @@ def summary(runs: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (strategy, budget), g in pp.groupby(["strategy", "budget"], sort=False):
         out.append({"strategy": strategy, "budget": budget, "measurements": g["measurements"].mean(),
+                    "rounds": g["rounds"].mean(),
                     "share": (g["measurements"] / g["exhaustive"]).mean(),
                     "quality": _geomean(g["quality"]), "worst_point": g["quality"].max(),
                     "within_5pct": f"{int((g['quality'] <= 1.05).sum())}/{len(g)}",

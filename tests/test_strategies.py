@@ -11,6 +11,7 @@ from moetune.replay import load_points, replay, replay_point
 from moetune.spec import canonical_json
 from moetune.strategies import Observation, SearchContext, get_strategy
 from moetune.strategies.features import Space
+from moetune.strategies.model import GP, _norm_cdf, _norm_pdf
 
 DATA = "tests/data/toy_landscape.csv.gz"
 ADAPTIVE = ("coordinate", "model")
@@ -91,6 +92,41 @@ def test_neighbours_are_one_step_along_one_parameter(points):
         assert len(diff) == 1
     assert space.features.shape[0] == len(space.candidates)
     assert np.all((space.features >= 0) & (space.features <= 1))
+
+
+def test_believer_batch_equals_a_refit_per_pick():
+    """The rank-one shortcut picks what refitting the GP with each pick at its predicted mean picks."""
+    rng = np.random.default_rng(3)
+    x, xs = rng.random((40, 4)), 0.2 * rng.random((300, 4))  # a crowded pool: picks interact
+    y = np.sin(4 * x).sum(axis=1)
+    y = (y - y.mean()) / y.std()
+    scales, noise = np.array([0.3, 0.6, 1.2, 0.15]), 0.01
+    gp = GP(scales, noise)
+    gp.fit(x, y)
+    fast, _ = gp.believer_picks(xs, y.min(), 40)
+    slow, pool, xa, ya = [], list(range(len(xs))), x, y
+    for _ in range(40):
+        ref = GP(scales, noise)
+        ref.fit(xa, ya)
+        m, sd = ref.predict(xs[pool])
+        z = (y.min() - m) / sd
+        ei = (y.min() - m) * _norm_cdf(z) + sd * _norm_pdf(z)
+        j = int(np.argmax(ei))
+        slow.append(pool.pop(j))
+        xa, ya = np.vstack([xa, xs[slow[-1]]]), np.append(ya, m[j])
+    assert fast == slow
+
+
+def test_polish_takes_several_neighbourhoods_best_first(points):
+    strat = get_strategy("model")
+    strat.start(SearchContext(None, points[0].problem, points[0].configs, budget=400, seed=0))
+    times = {i: 1.0 + i for i in (5, 50, 100)}
+    strat.observe([Observation(strat.space.candidates[i], "ok", t) for i, t in times.items()])
+    first = strat.local_moves()
+    assert first == strat.unmeasured(strat.space.neighbours(5))  # default: the fastest one's only
+    more = strat.local_moves(len(first) + 1)
+    assert more[:len(first)] == first and len(set(more)) == len(more) > len(first)
+    assert set(more) <= set(first) | set(strat.space.neighbours(50)) | set(strat.space.neighbours(100))
 
 
 def test_space_features_by_hand_and_keys_handed_in():

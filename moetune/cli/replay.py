@@ -39,10 +39,11 @@ def markdown(summary, points, command: str) -> str:
 
 
 SUMMARY_COLUMNS = {"strategy": "strategy", "budget": "budget", "measurements": "measured",
-                   "share": "of exhaustive", "quality": "quality (geomean)", "worst_point": "worst point",
+                   "rounds": "batches", "share": "of exhaustive", "quality": "quality (geomean)",
+                   "worst_point": "worst point",
                    "within_5pct": "within 5%", "found": "found best"}
 POINT_COLUMNS = {"strategy": "strategy", "budget": "budget", "point": "point", "exhaustive": "exhaustive",
-                 "measurements": "measured", "quality": "quality", "worst": "worst seed",
+                 "measurements": "measured", "rounds": "batches", "quality": "quality", "worst": "worst seed",
                  "found": "found best"}
 
 

@@ -87,17 +87,22 @@ class AdaptiveStrategy(Strategy):
     def take(self, idx: Sequence[int], n: int) -> list[Config]:
         return self.fresh([self.space.candidates[i] for i in idx], n)
 
-    def local_moves(self) -> list[int]:
-        """Best-first local search: the unmeasured one-step neighbours of the fastest ok candidate
-        whose neighbourhood is not yet fully measured."""
+    def local_moves(self, limit: int = 1) -> list[int]:
+        """Best-first local search: the unmeasured one-step neighbours of the fastest ok candidates
+        whose neighbourhoods are not yet fully measured, as many neighbourhoods as it takes to reach
+        ``limit`` moves (whole neighbourhoods; 1: the fastest one's only)."""
+        out: dict[int, None] = {}
         for i, _ in sorted(self.times().items(), key=lambda kv: kv[1]):
             if i in self._expanded:
                 continue
             todo = self.unmeasured(self.space.neighbours(i))
-            if todo:
-                return todo
-            self._expanded.add(i)
-        return []
+            if not todo:
+                self._expanded.add(i)
+                continue
+            out.update(dict.fromkeys(todo))
+            if len(out) >= limit:
+                break
+        return list(out)
 
     # ---- final re-measurement ----------------------------------------------------------------------
     def remeasure(self) -> list[Config]:
