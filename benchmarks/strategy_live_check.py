@@ -12,6 +12,8 @@ there, over the exhaustive best, is the quality reported (same measurement condi
         [--only default|exhaustive]
 
 With ``--only`` the two sides can run in separate calls (one device call each), into the same --out.
+A side stopped by --exhaustive-s resumes when run again on the same --out (copy its store and
+wall_*.json back there): its wall time is then the sum of its runs.
 """
 
 from __future__ import annotations
@@ -76,7 +78,10 @@ def main() -> None:
         if args.only in (None, side):
             with tempfile.TemporaryDirectory() as cache:  # each side compiles from an empty Triton cache
                 wall = run(search(strategy), cache, out / f"{side}.log")
-            (out / f"wall_{side}.json").write_text(json.dumps({"wall_s": wall}))
+            # a side cut short by --exhaustive-s resumes on the next run: its wall time is the sum
+            walls = out / f"wall_{side}.json"
+            runs = json.loads(walls.read_text())["runs"] if walls.exists() else []
+            walls.write_text(json.dumps({"wall_s": sum(runs) + wall, "runs": [*runs, wall]}))
     if not all((out / f"wall_{side}.json").exists() for side in ("default", "exhaustive")):
         return
     wall_default, wall_exhaustive = (json.loads((out / f"wall_{side}.json").read_text())["wall_s"]
