@@ -7,10 +7,10 @@ How a density's config is chosen (docs/tables.md has the long form):
   are one device. Repeated measurements of a config at a point merge: the fastest of their
   medians (interference only slows a run), with the steadiest one's spread.
 * A config that was ever ``inaccurate`` for this (kernel, device, shape) is never exported.
-* Points (tokens, routes, active fraction, routing) with the same density form one entry. Each
-  config scores the geometric mean, over the points it was measured at, of its time over the
-  default's time at that point (the best time there when the default is missing); its noise
-  band is +- half its mean relative spread.
+* Points (tokens, routes, active fraction, routing) with the same density form one entry,
+  decided at its typical point (uniform routing, then the largest active fraction, then the
+  fewest tokens): each config measured there scores its time over the default's time there (the
+  best time there when the default is missing); its noise band is +- half its relative spread.
 * The lowest score wins; configs whose bands overlap the winner's are ties, broken by the lower
   spread (a band is never wider than +-5%: a wider spread is a disturbed reading). When the
   default's band overlaps the winner's, the entry keeps the default.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -158,23 +157,22 @@ TIE_SPREAD_CAP = 0.1
 
 
 def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: set[str]) -> tuple[str, int]:
-    """The config key for one density and how many points its score covers."""
+    """The config key for one density and how many points its score covers (1: its typical point)."""
     default = canonical_json(dict(spec.default))
-    scores: dict[str, tuple[float, float, int]] = {}  # config -> (score, mean spread, n points)
-    logs: dict[str, list[float]] = defaultdict(list)
-    spreads: dict[str, list[float]] = defaultdict(list)
-    # Over the points each config was measured at. Counting a missing point as the default's time
-    # (tried in session 4) picked configs 0.4-17% slower at 8 of 9 points where the stored H200 rows allow
-    # the comparison, so a config seen at few points keeps its own mean (results/README.md).
-    for measured in points.values():
-        ref = measured[default].time_ms if default in measured else min(p.time_ms for p in measured.values())
-        for cfg, p in measured.items():
-            if cfg in banned:
-                continue
-            logs[cfg].append(math.log(p.time_ms / ref))
-            spreads[cfg].append(p.spread)
-    for cfg, values in logs.items():
-        scores[cfg] = (math.exp(statistics.fmean(values)), statistics.fmean(spreads[cfg]), len(values))
+    # Decided at the density's typical point, the one the entry reports. The other points at this density
+    # (skewed routing, part of the routes active) were searched apart, each with a budget of its own, so
+    # a config's mean over the points it happened to be measured at compares configs over different
+    # points: pooling the session 7 skewed and partly active H200 sweeps that way replaced configs
+    # with ones up to 18% slower at the typical point in 16 of 21 entries (results/h200_tables/README.md).
+    measured = points[_typical(points)]
+    if not set(measured) - banned:  # nothing accurate there: the next most typical point decides
+        rest = {pt: m for pt, m in points.items() if set(m) - banned}
+        if not rest:
+            return "", 0
+        measured = rest[_typical(rest)]
+    ref = measured[default].time_ms if default in measured else min(p.time_ms for p in measured.values())
+    scores: dict[str, tuple[float, float, int]] = {  # config -> (time / default's, spread, points)
+        cfg: (p.time_ms / ref, p.spread, 1) for cfg, p in measured.items() if cfg not in banned}
     if not scores:
         return "", 0
 
@@ -195,11 +193,16 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
     return chosen, scores[chosen][2]
 
 
-def _entry(cfg: str, default: str, points: dict[tuple, dict[str, _Point]], n: int, device: str) -> dict:
-    """The table entry for ``cfg``, reporting its times at its most typical point: uniform
+def _typical(points: Iterable[tuple]) -> tuple:
+    """The most typical of a density's points (tokens, routes, active fraction, routing): uniform
     routing first, then the largest active fraction, then the fewest tokens."""
+    return min(points, key=lambda pt: (pt[3] != "uniform", -pt[2], pt[0], pt[3]))
+
+
+def _entry(cfg: str, default: str, points: dict[tuple, dict[str, _Point]], n: int, device: str) -> dict:
+    """The table entry for ``cfg``, reporting its times at its most typical point."""
     mine = [pt for pt in points if cfg in points[pt]]
-    rep = min(mine, key=lambda pt: (pt[3] != "uniform", -pt[2], pt[0], pt[3]))
+    rep = _typical(mine)
     tokens, routes, af, routing = rep
     p = points[rep][cfg]
     base = points[rep].get(default)

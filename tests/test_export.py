@@ -184,9 +184,43 @@ def test_points_of_one_density_form_one_entry(tmp_path):
               row(DEFAULT, 2.0, routing="zipf:1.2"), row(cfg(32), 1.0, routing="zipf:1.2")])
     export(db, out)
     (e,) = read(out)["entries"]
-    # cfg(32): geomean(1.1/2, 1/2.2, 1/2) beats cfg(16): geomean(1/2, 1.5/2.2)
-    assert e["config"] == cfg(32) and e["points"] == 3
-    assert (e["tokens"], e["active_fraction"], e["routing"]) == (4, 1.0, "uniform")  # reported at uniform
+    # decided where the entry reports: 4 tokens, all active, uniform (cfg(32) wins a geomean over all
+    # three points, but those are points cfg(16) was not all measured at in a real sweep)
+    assert e["config"] == cfg(16) and e["points"] == 1
+    assert (e["tokens"], e["active_fraction"], e["routing"]) == (4, 1.0, "uniform")
+
+
+def test_a_config_seen_only_at_a_skewed_or_partly_active_point_does_not_win(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0),
+              row(DEFAULT, 2.0, routing="zipf:1.2"), row(cfg(16), 1.6, routing="zipf:1.2"),
+              row(cfg(32), 0.5, routing="zipf:1.2"),  # 4x the default, but never timed at uniform
+              row(DEFAULT, 2.2, tokens=8, active_fraction=0.5),
+              row(cfg(64), 0.4, tokens=8, active_fraction=0.5)])
+    export(db, out)
+    (e,) = read(out)["entries"]
+    assert e["config"] == cfg(16) and e["points"] == 1
+    assert (e["tokens"], e["active_fraction"], e["routing"], e["time_ms"]) == (4, 1.0, "uniform", 1.0)
+
+
+def test_a_density_without_a_full_uniform_point_is_decided_at_its_most_typical_one(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, routing="zipf:1.2"), row(cfg(16), 0.5, routing="zipf:1.2"),
+              row(DEFAULT, 2.0, tokens=8, active_fraction=0.5),
+              row(cfg(32), 1.2, tokens=8, active_fraction=0.5)])
+    export(db, out)
+    (e,) = read(out)["entries"]  # uniform routing ranks before the larger active fraction
+    assert e["config"] == cfg(32) and e["points"] == 1 and e["active_fraction"] == 0.5
+
+
+def test_a_typical_point_with_nothing_accurate_hands_the_entry_to_the_next_one(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, status="inaccurate"), row(cfg(16), 1.0, status="inaccurate"),
+              row(DEFAULT, 2.0, routing="zipf:1.2", status="inaccurate"),
+              row(cfg(32), 1.5, routing="zipf:1.2"), row(cfg(64), 1.2, routing="zipf:1.2")])
+    export(db, out)
+    (e,) = read(out)["entries"]
+    assert e["config"] == cfg(64) and e["routing"] == "zipf:1.2" and e["default_ms"] is None
 
 
 def test_a_shape_with_no_accurate_measurement_is_a_note_not_a_file(tmp_path):
