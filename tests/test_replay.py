@@ -65,6 +65,9 @@ def test_exhaustive_finds_the_best_and_hints_flow(tmp_path):
     points = load_points(DATA)
     r = replay_point(points[0], "exhaustive", len(points[0].configs), seed=0, batch=64, noise=0.0)
     assert r["quality"] == 1.0 and r["measurements"] == len(points[0].configs)
+    assert r["rounds"] == -(-len(points[0].configs) // 64)  # batches of 64 (this toy point has no default)
+    one = replay_point(points[0], "model", 20, seed=0, batch=1, noise=0.0)
+    assert one["rounds"] == one["measurements"] == 20  # one batch a measurement (no finals at this budget)
     runs = replay(points, ["coordinate"], ["10%"], seeds=2)
     assert len(runs) == 4 and set(runs["point"]) == {p.label for p in points}
     s = summary(runs)
