@@ -214,6 +214,6 @@ class ModelGuided(AdaptiveStrategy):
         if used < EXPLORE * total:
             guess += self.unmeasured(self._order[:math.ceil(EXPLORE * total) + n])
         if used >= POLISH * total - n:
-            guess += self.local_moves()
+            guess += self.local_moves(n)  # as many neighbourhoods as the polish would take
         guess += self.unmeasured(self._ranked)
         return [self.space.candidates[i] for i in dict.fromkeys(guess)][:n]
