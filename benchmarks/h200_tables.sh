@@ -6,7 +6,7 @@
 #
 # Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
-# first readings against a bench).
+# first readings against a bench, `bench-off` benches partly active and skewed points).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
@@ -69,6 +69,10 @@ for st in "${stages[@]}"; do
         --csv "$OUT/bench_fp8.csv" --markdown "$OUT/bench_fp8.md"
       [ "$st" != bench-fp8 ] && mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill \
         --csv "$OUT/bench_fp4.csv" --markdown "$OUT/bench_fp4.md" ;;
+    bench-off)  # the tables at points off the uniform, fully active one: partly active decode, skewed prefill
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,4,16,64 --active 0.5,0.25 \
+        --csv "$OUT/bench_fp8_active.csv"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2 --csv "$OUT/bench_fp4_zipf.csv" ;;
     picker)  # densities the tables do not hold: the picker's choice against a direct sweep there
       DB=$OUT/direct.sqlite sweep \
         -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --active 1
