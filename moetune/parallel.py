@@ -7,7 +7,9 @@ that learn from results (:class:`~moetune.strategies.adaptive.AdaptiveStrategy`)
 are asked for the same batches as in the plain sweep (``propose(BATCH)``, which
 they cap at a quarter of their budget), each batch observed whole before the next,
 so the search does not depend on how many GPUs run it; the others keep a sweep
-batch in flight so compiles run ahead of the GPUs.
+batch in flight so compiles run ahead of the GPUs. A batch goes to the compile
+workers longest compile first (:meth:`~moetune.spec.KernelSpec.compile_cost`), after
+the strategy's first pick, so it does not wait on a slow compile started last.
 
 The sweep process stays the only writer of the store, so resume, claims and the
 no-loss rule hold as on one GPU; workers only measure. A backend
@@ -363,6 +365,9 @@ class ParallelSweep(Sweep):
                 if not configs:
                     break
                 pt = s.point
+                if s.finals is None:  # the strategy's first pick, then the longest compiles: a batch
+                    # waits for its last compile (the first pick is a sweep's heuristic, re-checked later)
+                    configs = configs[:1] + sorted(configs[1:], key=pt.spec.compile_cost, reverse=True)
                 key_of = self._key(pt.problem)
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round

@@ -164,6 +164,32 @@ def test_adaptive_strategies_get_the_same_batches_whatever_the_worker_count(tmp_
         assert searched[searched["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
 
 
+def test_a_batch_goes_to_the_compilers_first_pick_then_slowest_compile_first(tmp_path, monkeypatch):
+    spec = get_spec("fp8_decode.gate_up")
+    batches = []
+
+    class Recording(STRATEGIES["model"]):
+        def propose(self, n):
+            batches.append(super().propose(n))
+            return batches[-1]
+
+    monkeypatch.setattr(parallel, "get_strategy", lambda name: Recording())
+    backend = FakeBackend(2)
+    with Store(tmp_path / "r.sqlite") as store:
+        ParallelSweep(store, backend, strategy="model", budget=60).run(_problems("fp8_decode.gate_up", [16]))
+    ran = [cfg for _, cfg in backend.ran[1:]]  # in the order submitted; the default first, alone
+    at = 0
+    for batch in filter(None, batches):
+        keys = [canonical_json(c) for c in batch]
+        want = keys[:1] + sorted(keys[1:], key=lambda k: -spec.compile_cost(json.loads(k)))
+        assert ran[at:at + len(keys)] == want
+        at += len(keys)
+    assert at > 20 and any(len(b) > 5 for b in batches)
+    wide = {**spec.default, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "num_stages": 4, "num_warps": 4}
+    assert spec.compile_cost(wide) > spec.compile_cost({**wide, "num_warps": 8}) > \
+        spec.compile_cost({**wide, "BLOCK_SIZE_K": 128, "num_warps": 8})
+
+
 def test_driver_hands_idle_compile_workers_fresh_guesses_and_stores_only_measurements(tmp_path):
     class Prefetching(FakeBackend):
         guesses: list = []
