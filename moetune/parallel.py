@@ -372,7 +372,7 @@ class ParallelSweep(Sweep):
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round
                         key = (s.index, canonical_json(config), REMEASURE, len(s.final_obs) + len(s.pending))
-                    elif not self.store.claim(key_of, config, ttl):
+                    elif not self.store.claim(key_of, config, ttl, self.retry):
                         continue  # stored meanwhile, or another sweep on this store is measuring it
                     else:
                         key = (s.index, canonical_json(config))

@@ -15,7 +15,7 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -236,11 +236,11 @@ class Store:
     def _point(key: Mapping[str, Any]) -> str:
         return canonical_json({k: _as_text(v) if k in _JSON_COLUMNS else v for k, v in key.items()})
 
-    def claim(self, point: Mapping[str, Any], config: Any, ttl: float) -> bool:
+    def claim(self, point: Mapping[str, Any], config: Any, ttl: float, retry: Collection[str] = ()) -> bool:
         """Reserve ``config`` at ``point`` (the :data:`POINT_COLUMNS` values) for ``ttl`` seconds.
 
-        False when it is already stored, or claimed by another live sweep. A claim of a
-        process that died (same host) or that expired is taken over.
+        False when it is already stored (rows whose status is in ``retry`` aside), or claimed by
+        another live sweep. A claim of a process that died (same host) or that expired is taken over.
         """
         if self.readonly:
             raise ValueError(f"results database {self.path} was opened read-only")
@@ -248,6 +248,9 @@ class Store:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             where, params = self._where({**point, "config": ckey})
+            if retry:
+                where += f" AND status NOT IN ({', '.join('?' * len(retry))})"
+                params += sorted(retry)
             if self._conn.execute(f"SELECT 1 FROM measurements{where} LIMIT 1", params).fetchone():
                 return False
             held = self._conn.execute("SELECT host, pid, expires FROM claims WHERE point = ? AND config = ?",

@@ -28,6 +28,16 @@ from .strategies.adaptive import AdaptiveStrategy
 # a big search wants few, large ones; the adaptive strategies cap theirs at a quarter of their budget,
 # which is what limits them below ~1000 measurements a point (replay is the same at 64 and 256 there).
 BATCH = 256
+# Failures a rerun may measure again once their cause is fixed (e.g. out of GPU memory): they say
+# nothing about the config. An inaccurate config stays banned; invalid is the space's own verdict.
+RETRYABLE = ("crash", "timeout", "compile_error")
+
+
+def check_retry(statuses: Sequence[str]) -> frozenset[str]:
+    bad = sorted(set(statuses) - set(RETRYABLE))
+    if bad:
+        raise ValueError(f"--retry {','.join(bad)}: only {', '.join(RETRYABLE)} can be measured again")
+    return frozenset(statuses)
 REMEASURE = "remeasure"  # strategy tag of the final re-measurement rows
 
 
@@ -137,10 +147,12 @@ class Sweep:
 
     def __init__(self, store: Store, runner: Runner, *, strategy: str = DEFAULT_STRATEGY,
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
-                 sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None):
+                 sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None,
+                 retry: Sequence[str] = ()):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
+        self.retry = check_retry(retry)
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
         self.time_limit = time_limit
@@ -163,10 +175,15 @@ class Sweep:
 
     def _stored(self, p: Problem) -> list[Observation]:
         """The point's stored rows; configs stored before a key joined the space get its default (what
-        they ran with), so resume recognises them."""
+        they ran with), so resume recognises them. Configs whose rows all failed in a way ``retry``
+        names count as not measured (their rows stay in the store)."""
         spec = get_spec(p.kernel)
-        return [dataclasses.replace(o, config=full_config(spec, o.config)) for o in
+        rows = [dataclasses.replace(o, config=full_config(spec, o.config)) for o in
                 map(Observation.from_row, self.store.frame(**self._key(p)).to_dict("records"))]
+        if self.retry:
+            kept = {o.key for o in rows if o.status not in self.retry}
+            rows = [o for o in rows if o.key in kept]
+        return rows
 
     def _row(self, point: Point, config: Config, res: dict[str, Any]) -> dict[str, Any]:
         p, d = point.problem, self.device
@@ -245,7 +262,7 @@ class Sweep:
         ttl = 3 * self.runner.timeout + 60
 
         def admit(config: Config) -> bool:
-            return self.store.claim(key, config, ttl)
+            return self.store.claim(key, config, ttl, self.retry)
 
         out = []
         best = pt.best.time_ms if pt.best else None

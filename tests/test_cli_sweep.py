@@ -77,6 +77,7 @@ def _trace(tmp_path):
     (["--kernel", "test.steady", "--model", "tiny", "--budget", "0"], "--budget"),
     (["--kernel", "test.steady", "--model", "tiny", "--timeout", "0"], "--timeout"),
     (["--kernel", "test.steady", "--model", "tiny", "--routing", "trace:TRACE"], "expected [tokens, 2]"),
+    (["--kernel", "test.steady", "--model", "tiny", "--retry", "inaccurate"], "only crash, timeout"),
 ])
 def test_bad_input_one_line_no_store(cli, tmp_path, args, message):
     db = tmp_path / "r.sqlite"

@@ -190,6 +190,20 @@ def test_a_batch_goes_to_the_compilers_first_pick_then_slowest_compile_first(tmp
         spec.compile_cost({**wide, "BLOCK_SIZE_K": 128, "num_warps": 8})
 
 
+def test_driver_retries_only_what_failed_that_way(tmp_path):
+    problems = _problems("test.steady", [1, 2])
+    with Store(tmp_path / "r.sqlite") as store:
+        ParallelSweep(store, FakeBackend(2), strategy="exhaustive").run(problems)
+        store._conn.execute("UPDATE measurements SET status = 'crash' WHERE id IN (1, 4)")
+        store._conn.execute("UPDATE measurements SET status = 'timeout' WHERE id = 5")
+        store._conn.commit()
+        crashed = set(store.frame().query("status == 'crash'")[["tokens", "config"]].itertuples(index=False))
+        backend = FakeBackend(2)
+        ParallelSweep(store, backend, strategy="exhaustive", retry=["crash"]).run(problems)
+        assert len(store.frame()) == 12 + 2
+    assert set(backend.ran) == crashed  # the timeout is not retried, nothing else measured again
+
+
 def test_driver_hands_idle_compile_workers_fresh_guesses_and_stores_only_measurements(tmp_path):
     class Prefetching(FakeBackend):
         guesses: list = []

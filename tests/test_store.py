@@ -142,6 +142,19 @@ def test_claims(tmp_path):
         assert not s.claim(POINT, {"x": 1}, ttl=60)  # stored: never measured again
 
 
+def test_a_retry_claims_configs_stored_only_as_those_failures(tmp_path):
+    with Store(tmp_path / "r.sqlite") as s:
+        s.add(row({"x": 1}, status="crash"))
+        s.add(row({"x": 2}, status="timeout"))
+        s.add(row({"x": 3}, status="crash"))
+        s.add(row({"x": 3}))  # crashed once, measured since
+        assert not s.claim(POINT, {"x": 1}, ttl=60)  # a plain rerun: stored is stored
+        assert s.claim(POINT, {"x": 1}, ttl=60, retry={"crash"})
+        assert not s.claim(POINT, {"x": 2}, ttl=60, retry={"crash"})
+        assert s.claim(POINT, {"x": 2}, ttl=60, retry={"crash", "timeout"})
+        assert not s.claim(POINT, {"x": 3}, ttl=60, retry={"crash"})
+
+
 def test_readonly_open_changes_nothing(tmp_path):
     path = tmp_path / "r.sqlite"
     with Store(path) as s:

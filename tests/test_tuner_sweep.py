@@ -156,6 +156,26 @@ def test_rerun_measures_nothing_new(tmp_path):
     assert canonical_json(again[0].best.config) == canonical_json(first[0].best.config)
 
 
+def test_retry_measures_failed_candidates_again_and_keeps_their_rows(tmp_path):
+    db = tmp_path / "r.sqlite"
+    spec = crashy_spec.STEADY
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), 1)]
+    with Store(db) as store, Runner(timeout=30) as runner:
+        Sweep(store, runner, strategy="exhaustive").run(problems)
+        store._conn.execute("UPDATE measurements SET status = 'crash', time_ms = NULL WHERE id IN (2, 3)")
+        store._conn.commit()  # as if two had run the GPU out of memory
+        plain = Sweep(store, runner, strategy="exhaustive").run(problems)
+        again = Sweep(store, runner, strategy="exhaustive", retry=["crash"]).run(problems)
+        after = Sweep(store, runner, strategy="exhaustive", retry=["crash"]).run(problems)
+        rows = store.frame()
+    assert sum(plain[0].counts.values()) == 0  # without --retry a crash row counts as measured
+    assert again[0].counts == {"ok": 2} and sum(after[0].counts.values()) == 0
+    assert len(rows) == 8 and (rows["status"] == "crash").sum() == 2  # nothing lost
+    assert rows[rows["status"] == "ok"]["config"].nunique() == 6
+    with pytest.raises(ValueError, match="only crash, timeout, compile_error"):
+        Sweep(store, runner, retry=["inaccurate"])
+
+
 def test_a_key_added_to_the_space_later_keeps_old_rows_measured(tmp_path, monkeypatch):
     db = tmp_path / "r.sqlite"
     spec = crashy_spec.STEADY

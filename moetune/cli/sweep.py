@@ -156,6 +156,9 @@ def sweep(
                                                         "--ray-gpus-per-actor)")] = None,
     ray_gpus_per_actor: Annotated[float, typer.Option(help="GPU share per Ray actor (0.5: two actors per "
                                                            "GPU)")] = 1.0,
+    retry: Annotated[str | None, typer.Option(help="measure again the candidates stored only as crash, "
+                                                   "timeout or compile_error (comma separated), once "
+                                                   "the cause is fixed; their old rows stay")] = None,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -164,7 +167,7 @@ def sweep(
     from ..problems import build_plan
     from ..store import Store
     from ..strategies import DEFAULT_STRATEGY, get_strategy
-    from ..sweep import Sweep, plan_points
+    from ..sweep import Sweep, check_retry, plan_points
     from ._workers import WorkerDisplay
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
@@ -178,6 +181,7 @@ def sweep(
             raise ValueError(f"--budget must be >= 1, got {budget}")
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
+        retries = check_retry(split_list(retry))
         runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
                                      ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs)
         if hasattr(runner, "launch"):  # worker processes import torch and Triton while the space is planned
@@ -192,7 +196,7 @@ def sweep(
             raise
         extra = {"prefetch": prefetch} if driver is not Sweep else {}
         sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                    **extra)
+                    retry=retries, **extra)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
