@@ -37,6 +37,8 @@ INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ra
 MAX_LOSSES = 3
 AHEAD = 2  # tasks an actor holds per compile process: the next ones compile while one is measured
 COLLECT_WAIT_S = 0.5  # how long one collect() call waits for a result (tasks added meanwhile queue behind it)
+# A collect() unanswered this long means its actor is stuck (a healthy one answers within COLLECT_WAIT_S
+# plus, at worst, a worker's start-up and a task's time limit): it is treated as lost, never waited on.
 
 
 def import_ray() -> Any:
@@ -167,6 +169,7 @@ class RayBackend:
         self._queue: collections.deque = collections.deque()
         self._pending: collections.defaultdict = collections.defaultdict(dict)  # slot -> {task id: key}
         self._collecting: dict[Any, int] = {}  # the one collect() call in flight per busy actor -> slot
+        self._asked: dict[Any, float] = {}  # that call -> when it was made
         self._ids = itertools.count()
         self.losses: collections.Counter = collections.Counter()  # key -> actors lost while running it
 
@@ -241,7 +244,7 @@ class RayBackend:
 
     def _dispatch(self) -> None:
         """Top every actor up to ``AHEAD * batch`` tasks and keep one collect() in flight per busy actor."""
-        busy = set(self._collecting.values())
+        busy, now = set(self._collecting.values()), time.monotonic()
         for slot, actor in enumerate(self.actors):
             pending = self._pending[slot]
             room = AHEAD * self.batch - len(pending)
@@ -253,7 +256,8 @@ class RayBackend:
                     sent.append((tid, self._tasks[key][0]))
                 actor.add.remote(sent, self.timeout)  # ordered before the collect() below on this actor
             if pending and slot not in busy:
-                self._collecting[actor.collect.remote(COLLECT_WAIT_S)] = slot
+                ref = actor.collect.remote(COLLECT_WAIT_S)
+                self._collecting[ref], self._asked[ref] = slot, now
             labels = [self._tasks[k][1] for k in pending.values()]
             more = f" +{len(labels) - 1}" if len(labels) > 1 else ""
             self.states[f"actor{slot}"].current = labels[0] + more if labels else None
@@ -270,8 +274,15 @@ class RayBackend:
             rest = [r for r in self._collecting if r not in ready]
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
         done = []
+        limit = COLLECT_WAIT_S + STARTUP_TIMEOUT_S + 2 * self.timeout + 60
+        for ref in [r for r in self._collecting if r not in ready]:
+            if time.monotonic() - self._asked[ref] > limit:
+                slot = self._collecting.pop(ref)
+                self._asked.pop(ref)
+                done += self._lost(slot, f"no reply within {limit:.0f} s")
         for ref in ready:
             slot = self._collecting.pop(ref)
+            self._asked.pop(ref)
             name = f"actor{slot}"
             try:
                 results = ray.get(ref)

@@ -70,6 +70,7 @@ class WorkerHandle:
         self.task_key: Any = None
         self.deadline = 0.0
         self.started_at = 0.0
+        self.launched_at = 0.0
         self._log_offset = 0
 
     # ---- life cycle --------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class WorkerHandle:
                                 name=f"moetune-{self.name}", daemon=True)
         self.proc.start()
         child.close()
-        self.conn, self.hello = parent, None
+        self.conn, self.hello, self.launched_at = parent, None, time.monotonic()
 
     def wait_ready(self, timeout: float = STARTUP_TIMEOUT_S) -> dict[str, Any]:
         if self.hello is None:
@@ -108,9 +109,14 @@ class WorkerHandle:
 
     @property
     def ready(self) -> bool:
-        """Started and said hello (never blocks; RuntimeError if it died while starting)."""
-        if self.hello is None and self.conn is not None and self.conn.poll(0):
-            self.wait_ready(0)
+        """Started and said hello (never blocks; RuntimeError if it died while starting, or is still
+        starting past the start-up limit: a sweep must fail, not wait forever, on a stuck worker)."""
+        if self.hello is None and self.conn is not None:
+            if self.conn.poll(0):
+                self.wait_ready(0)
+            elif time.monotonic() - self.launched_at > STARTUP_TIMEOUT_S:
+                self.stop()
+                raise RuntimeError(f"worker {self.name} did not start within {STARTUP_TIMEOUT_S:.0f} s")
         return self.hello is not None
 
     def stop(self) -> None:

@@ -333,6 +333,39 @@ def test_pool_compile_workers_stay_on_one_problem(tmp_path):
     assert order == ["a", "c", "b", "d"]  # its problem's tasks first, then the oldest
 
 
+
+def test_a_compile_worker_stuck_starting_fails_the_sweep_instead_of_hanging(tmp_path, monkeypatch):
+    import multiprocessing as mp
+    import time
+
+    from moetune import runner
+    from moetune.runner import WorkerHandle
+
+    class Stuck:  # a process that never says hello and never dies
+        killed = False
+
+        def is_alive(self):
+            return not self.killed
+
+        def kill(self):
+            self.killed = True
+
+        def join(self, timeout=None):
+            pass
+
+    h = WorkerHandle("compile0", 0, tmp_path)
+    h.proc, (h.conn, other) = Stuck(), mp.Pipe()
+    h.launched_at = time.monotonic()
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    backend.measurers, backend.compilers = [FakeHandle("gpu0", 0)], [h]
+    backend.submit("a", {"mode": "measure"})
+    assert h.task_key is None and list(backend._compile_q) == ["a"]  # still starting: waits, for now
+    monkeypatch.setattr(runner, "STARTUP_TIMEOUT_S", 0.0)
+    with pytest.raises(RuntimeError, match="compile0 did not start within"):
+        backend._dispatch()
+    assert h.proc is None  # killed, not left running
+    other.close()
+
 EXPECTED = {"ok": "ok", "wrong": "inaccurate", "raise": "crash", "refuse": "invalid",
             "compile": "compile_error", "abort": "crash", "segv": "crash", "hang": "timeout"}
 

@@ -114,3 +114,39 @@ def test_launch_creates_the_actors_at_once_and_start_waits_for_them(cluster):
         assert device is backend.device and all(st.where for st in backend.states.values())
     finally:
         backend.close()
+
+
+def test_an_actor_that_stops_answering_is_treated_as_lost(monkeypatch):
+    import time
+
+    from moetune import ray_backend
+
+    class FakeRay:
+        exceptions = ray.exceptions
+        killed = []
+
+        @staticmethod
+        def wait(refs, num_returns=1, timeout=None):
+            return [], list(refs)  # nothing ever answers
+
+        @staticmethod
+        def kill(actor):
+            FakeRay.killed.append(actor)
+
+    class Actor:
+        def __init__(self, name):
+            self.name = name
+            self.add = self.collect = type("Remote", (), {"remote": staticmethod(lambda *a: f"{name} call")})
+
+    backend = RayBackend(timeout=5)
+    backend.ray = FakeRay
+    backend._new_actor = lambda slot: Actor(f"actor #{slot} again")
+    backend.actors, backend.states = [Actor("actor #0")], {"actor0": WorkerState("actor0")}
+    backend.submit("a", {"mode": "measure"})
+    assert backend._collecting == {"actor #0 call": 0}
+    assert backend.poll(0) == [] and FakeRay.killed == []  # slow so far, not stuck
+    monkeypatch.setattr(ray_backend, "STARTUP_TIMEOUT_S", -1e9)  # every call is now long overdue
+    assert backend.poll(0) == []  # the task goes back to the queue, to the new actor
+    assert [a.name for a in FakeRay.killed] == ["actor #0"] and backend.states["actor0"].counts["lost"] == 1
+    assert backend.losses["a"] == 1 and backend._collecting == {"actor #0 again call": 0}
+    assert time.monotonic() - backend._asked["actor #0 again call"] < 60
