@@ -17,7 +17,8 @@ from moetune.spec import canonical_json  # noqa: E402
 from moetune.store import Store  # noqa: E402
 
 TESTS = Path(__file__).parent
-# One worker runs these in a row: one local cluster per test run, never two at once, never restarted.
+# With --dist loadgroup (the README's test command), one worker runs these in a row: one local cluster
+# per test run, never two at once, never restarted.
 pytestmark = pytest.mark.xdist_group("ray")
 
 
