@@ -9,7 +9,9 @@ they cap at a quarter of their budget), each batch observed whole before the nex
 so the search does not depend on how many GPUs run it; the others keep a sweep
 batch in flight so compiles run ahead of the GPUs. A batch goes to the compile
 workers longest compile first (:meth:`~moetune.spec.KernelSpec.compile_cost`), after
-the strategy's first pick, so it does not wait on a slow compile started last.
+the strategy's first pick, so it does not wait on a slow compile started last, and
+configs that share a binary (:meth:`~moetune.spec.KernelSpec.binary_key`) after the
+first of them, so it is built once.
 
 The sweep process stays the only writer of the store, so resume, claims and the
 no-loss rule hold as on one GPU; workers only measure. A backend
@@ -96,6 +98,20 @@ def same_device(hellos: Sequence[dict[str, Any]], what: str) -> tuple[DeviceInfo
     if len(names) > 1:
         raise RuntimeError(f"{what}: the workers' GPUs differ ({', '.join(names)}); sweep one kind at a time")
     return DeviceInfo(**hellos[0]["device"]), hellos[0]["versions"]
+
+
+def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[Config] = ()) -> list[Config]:
+    """``configs`` in the order their compiles should start: longest first (a batch waits for its last
+    compile), and each binary (:meth:`~moetune.spec.KernelSpec.binary_key`) before every other config
+    that runs it, also those of ``first`` (queued before): those then find it in Triton's cache instead
+    of building it at the same time on another worker."""
+    seen = {spec.binary_key(c) for c in first}
+    new, again = [], []
+    for c in sorted(configs, key=spec.compile_cost, reverse=True):
+        key = spec.binary_key(c)
+        (again if key in seen else new).append(c)
+        seen.add(key)
+    return new + again
 
 
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
@@ -365,9 +381,8 @@ class ParallelSweep(Sweep):
                 if not configs:
                     break
                 pt = s.point
-                if s.finals is None:  # the strategy's first pick, then the longest compiles: a batch
-                    # waits for its last compile (the first pick is a sweep's heuristic, re-checked later)
-                    configs = configs[:1] + sorted(configs[1:], key=pt.spec.compile_cost, reverse=True)
+                if s.finals is None:  # the strategy's first pick (a sweep's heuristic, re-checked later)
+                    configs = configs[:1] + compile_order(pt.spec, configs[1:], first=configs[:1])
                 key_of = self._key(pt.problem)
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round

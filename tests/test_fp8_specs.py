@@ -1,5 +1,9 @@
 """The fp8_decode.gate_up / fp8_decode.down kernel specs: shapes, space, constraints, heuristic, run."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
@@ -141,6 +145,29 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
     assert spec.constraint({**gemv, "num_stages": 1}, problem, H200) is None
     assert "num_stages" in spec.constraint({**gemv, "num_stages": 3}, problem, H200)
     assert spec.constraint({**gemv, "A_FP8": 2, "num_stages": 3}, problem, H200) is None
+
+
+def test_every_split_k_of_a_tile_runs_one_binary():
+    """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized:
+    a full space's 14304 gate/up configs (DeepSeek-V3 TP8) need 3015 binaries, not 14304. The sm_90 PTX
+    (compiled here without a GPU) differs from a constexpr split only by one integer division per
+    program. The spec's binary_key says so, which is how a sweep orders its compiles."""
+    probe = ("from moetune.kernels import fp8_decode as F\n"
+             "for k in (F._route_gemm_kernel, F._route_dot_kernel, F._grouped_gemm_kernel):\n"
+             "    (p,) = [p for p in k.params if p.name == 'SPLIT_K']\n"
+             "    print(k.fn.__name__, p.is_constexpr, p.do_not_specialize)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the JIT, as on a GPU
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    kernels = ("_route_gemm_kernel", "_route_dot_kernel", "_grouped_gemm_kernel")
+    # per kernel: its name, SPLIT_K is not constexpr, SPLIT_K is not specialized
+    assert run.stdout.split() == [w for k in kernels for w in (k, "False", "True")]
+    spec = get_spec("fp8_decode.gate_up")
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+    assert spec.binary_key({**tile, "SPLIT_K": 1}) == spec.binary_key({**tile, "SPLIT_K": 8})
+    assert spec.binary_key(tile) != spec.binary_key({**tile, "num_stages": 4})
+    gemv = {**spec.default, "num_stages": 3}  # canonical first: the GEMV's stages are one kernel
+    assert spec.binary_key(gemv) == spec.binary_key({**gemv, "num_stages": 1, "SPLIT_K": 2})
 
 
 def test_rows_of_gemv_configs_that_differ_only_in_num_stages_export_as_one(tmp_path):

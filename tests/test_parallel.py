@@ -3,6 +3,7 @@
 import collections
 import json
 import sys
+import zlib
 
 import crashy_spec
 import pytest
@@ -88,7 +89,7 @@ class FakeBackend:
             key, task = self.queue.popleft()
             cfg = task["config"]
             self.ran.append((task["problem"].tokens, canonical_json(cfg)))
-            t = 1.0 + (hash(canonical_json(cfg)) % 97) / 10
+            t = 1.0 + (zlib.crc32(canonical_json(cfg).encode()) % 97) / 10  # not hash(): the same every run
             worker = self.workers[len(out) % len(self.workers)]
             out.append((key, {"status": "ok", "time_ms": t, "n_runs": 1, "wall_ms": 1.0}, worker))
             if len(out) == 2:  # results arrive a few at a time
@@ -164,7 +165,9 @@ def test_adaptive_strategies_get_the_same_batches_whatever_the_worker_count(tmp_
         assert searched[searched["tokens"] == t]["config"].is_unique and (rows["tokens"] == t).sum() <= 12
 
 
-def test_a_batch_goes_to_the_compilers_first_pick_then_slowest_compile_first(tmp_path, monkeypatch):
+@pytest.mark.parametrize("budget", [60, 240])
+def test_a_batch_goes_to_the_compilers_first_pick_then_slowest_compile_first_each_binary_once(
+        tmp_path, monkeypatch, budget):
     spec = get_spec("fp8_decode.gate_up")
     batches = []
 
@@ -176,18 +179,45 @@ def test_a_batch_goes_to_the_compilers_first_pick_then_slowest_compile_first(tmp
     monkeypatch.setattr(parallel, "get_strategy", lambda name: Recording())
     backend = FakeBackend(2)
     with Store(tmp_path / "r.sqlite") as store:
-        ParallelSweep(store, backend, strategy="model", budget=60).run(_problems("fp8_decode.gate_up", [16]))
+        ParallelSweep(store, backend, strategy="model", budget=budget).run(
+            _problems("fp8_decode.gate_up", [16]))
     ran = [cfg for _, cfg in backend.ran[1:]]  # in the order submitted; the default first, alone
     at = 0
+    repeats = 0
     for batch in filter(None, batches):
         keys = [canonical_json(c) for c in batch]
-        want = keys[:1] + sorted(keys[1:], key=lambda k: -spec.compile_cost(json.loads(k)))
-        assert ran[at:at + len(keys)] == want
+        slowest = sorted(keys[1:], key=lambda k: -spec.compile_cost(json.loads(k)))
+        # a config whose binary (its tile without SPLIT_K) comes earlier in the batch waits behind the rest
+        seen, first, again = {_no_split(keys[0])}, [], []
+        for k in slowest:
+            (again if _no_split(k) in seen else first).append(k)
+            seen.add(_no_split(k))
+        repeats += len(again)
+        assert ran[at:at + len(keys)] == keys[:1] + first + again
         at += len(keys)
     assert at > 20 and any(len(b) > 5 for b in batches)
+    assert repeats > 0 or budget < 100  # the polish's batches hold a tile's other splits
     wide = {**spec.default, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "num_stages": 4, "num_warps": 4}
     assert spec.compile_cost(wide) > spec.compile_cost({**wide, "num_warps": 8}) > \
         spec.compile_cost({**wide, "BLOCK_SIZE_K": 128, "num_warps": 8})
+
+
+def _no_split(key):
+    return json.dumps({k: v for k, v in json.loads(key).items() if k != "SPLIT_K"}, sort_keys=True)
+
+
+def test_compile_order_builds_each_binary_once_before_the_configs_that_reuse_it():
+    spec = get_spec("fp8_decode.gate_up")
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+    a1, a4 = {**tile, "BLOCK_SIZE_N": 128}, {**tile, "BLOCK_SIZE_N": 128, "SPLIT_K": 4}
+    b1, c1, c2 = {**tile, "BLOCK_SIZE_N": 256}, {**tile, "BLOCK_SIZE_N": 64}, {**tile, "BLOCK_SIZE_N": 64,
+                                                                                "SPLIT_K": 2}
+    assert spec.binary_key(a1) == spec.binary_key(a4) != spec.binary_key(b1)
+    assert parallel.compile_order(spec, [a4, c1, a1, b1]) in ([b1, a4, c1, a1], [b1, a1, c1, a4])
+    assert parallel.compile_order(spec, [a4, c1, a1, b1], first=[c2])[:2] in ([b1, a4], [b1, a1])
+    assert parallel.compile_order(spec, [a4, c1, a1, b1], first=[c2])[-1] == c1  # its binary: queued first
+    steady = get_spec("test.steady")  # the default key is the whole config: plain longest-first
+    assert steady.binary_key({"mode": "ok", "v": 1}) != steady.binary_key({"mode": "ok", "v": 2})
 
 
 def test_driver_retries_only_what_failed_that_way(tmp_path):

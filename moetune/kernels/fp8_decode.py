@@ -126,14 +126,16 @@ def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_
     return tl.sum(acc, axis=1)
 
 
-@triton.jit
+# SPLIT_K is a run-time value here and below (never specialized): it only sets each program's K range,
+# so every split runs one binary, and a sweep compiles a fifth of the fp8 space (14304 -> 3015 binaries).
+@triton.jit(do_not_specialize=["SPLIT_K"])
 def _route_gemm_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
     N, K, A_ROW_DIV,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
     * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation.
@@ -221,7 +223,7 @@ def _block_tile(
     A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se,
     stride_sn, stride_sk, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_K, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
     A_FP8: tl.constexpr,
 ):
     """One expert's block of routes (``rows``) x one N tile over one K split, via tl.dot: the fp8 weights
@@ -331,14 +333,14 @@ def _zero_inactive_rows(ids_ptr, out_ptr, block, R, offs_n, n_mask, stride_om,
              mask=(ids < 0)[:, None] & n_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["NUM_BLOCKS"])  # moves with E and the routes; only compared
+@triton.jit(do_not_specialize=["NUM_BLOCKS", "SPLIT_K"])  # NUM_BLOCKS moves with E and the routes
 def _grouped_gemm_kernel(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
     N, K, R, NUM_BLOCKS, A_ROW_DIV,
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, SPLIT_K: tl.constexpr, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_K, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
     A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Expert-grouped product: program (m, n tile, K split) takes M block m of ``align_routes``' sorted
@@ -365,13 +367,13 @@ def _grouped_gemm_kernel(
                 BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K, SWAP_AB, DOT_FP32, A_FP8)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["SPLIT_K"])
 def _route_dot_kernel(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, A_ROW_DIV,
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_K, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """The route grid on tensor cores (A_FP8 1 or 2): program (route, N tile, K split) runs ``_block_tile``
     with its one route in column 0 of a 16-wide block (the other columns masked off: MMA work is free at

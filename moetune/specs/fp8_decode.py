@@ -23,7 +23,7 @@ from ..kernels import fp8_decode as F
 from ..models import ModelPreset
 from ..quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from ..routing import make_routes
-from ..spec import Config, Inputs, KernelSpec, Problem, fewer_experts, register
+from ..spec import Config, Inputs, KernelSpec, Problem, canonical_json, fewer_experts, register
 from ._routed_reference import routed_matmul
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -88,6 +88,10 @@ class _Fp8DecodeGemm(KernelSpec):
         if cfg.get("ALGO", "route") == "route" and not cfg.get("A_FP8", 0) and not cfg.get("FUSE", 0):
             cfg["num_stages"] = 1
         return cfg
+
+    def binary_key(self, config: Config) -> str:
+        """SPLIT_K is a run-time argument of the GEMM kernels: every split of a tile runs one binary."""
+        return canonical_json({k: v for k, v in self.canonical(config).items() if k != "SPLIT_K"})
 
     def compile_problem(self, problem: Problem) -> Problem:
         """Fewer experts: the GEMMs see E only through the grouped path's M-block count, unspecialized."""
