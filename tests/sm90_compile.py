@@ -45,3 +45,24 @@ def compile_sm90(jobs: list[dict]) -> list[dict] | str:
     assert run.returncode == 0, run.stderr[-3000:]
     reply = json.loads(run.stdout.strip().splitlines()[-1])
     return reply.get("skip") or reply["results"]
+
+
+_PARAMS = r"""
+import importlib, json, sys
+out = []
+for path in json.loads(sys.argv[1]):
+    module, name = path.rsplit(".", 1)
+    (p,) = [p for p in getattr(importlib.import_module(module), name).params if p.name == sys.argv[2]]
+    out.append([p.is_constexpr, p.do_not_specialize])
+print(json.dumps(out))
+"""
+
+
+def param_flags(kernels: list[str], param: str) -> list[tuple[bool, bool]]:
+    """(is constexpr, is never specialized) of ``param`` in each kernel ("module.name"), as Triton's JIT
+    sees them on a GPU (the interpreter's kernels do not say)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _PARAMS, json.dumps(kernels), param], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [tuple(f) for f in json.loads(run.stdout.strip().splitlines()[-1])]

@@ -188,7 +188,9 @@ def _e4m3_raw(packed, ROWS: tl.constexpr, COLS: tl.constexpr, USE_ASM: tl.conste
     return raw.to(tl.float8e4nv, bitcast=True)
 
 
-@triton.jit(do_not_specialize=["num_blocks"])  # moves with E and the routes; only compared
+# num_blocks moves with E and the routes (only compared); GROUP_SIZE_M only orders the programs: both
+# are run-time values, never specialized, so every GROUP_SIZE_M of a tile runs one binary.
+@triton.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_moe_gemm_kernel(
     a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
@@ -197,7 +199,7 @@ def fp4_moe_gemm_kernel(
     A_DIV: tl.constexpr, GATHERED: tl.constexpr, DECODE: tl.constexpr, UNPACK: tl.constexpr,
     USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
+    GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)

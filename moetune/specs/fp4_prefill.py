@@ -18,7 +18,7 @@ import torch
 
 from ..device import DeviceInfo
 from ..models import ModelPreset
-from ..spec import Config, Inputs, KernelSpec, Problem, fewer_experts, register
+from ..spec import Config, Inputs, KernelSpec, Problem, canonical_json, fewer_experts, register
 from ._routed_reference import routed_matmul
 
 GEMMS = ("gate_up", "down")
@@ -205,6 +205,10 @@ class Fp4PrefillSpec(KernelSpec):
         if out["K"] % 32:
             raise ValueError(f"{self.name}: shape K must be a multiple of 32, got {out['K']}")
         return out
+
+    def binary_key(self, config: Config) -> str:
+        """GROUP_SIZE_M is a run-time argument of the GEMM kernel: every value of a tile runs one binary."""
+        return canonical_json({k: v for k, v in self.canonical(config).items() if k != "GROUP_SIZE_M"})
 
     def compile_problem(self, problem: Problem) -> Problem:
         """Fewer experts: the GEMMs see E only through the aligned routes' M-block count, unspecialized."""
