@@ -37,8 +37,6 @@ INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ra
 MAX_LOSSES = 3
 AHEAD = 2  # tasks an actor holds per compile process: the next ones compile while one is measured
 COLLECT_WAIT_S = 0.5  # how long one collect() call waits for a result (tasks added meanwhile queue behind it)
-# A collect() unanswered this long means its actor is stuck (a healthy one answers within COLLECT_WAIT_S
-# plus, at worst, a worker's start-up and a task's time limit): it is treated as lost, never waited on.
 
 
 def import_ray() -> Any:
@@ -274,6 +272,8 @@ class RayBackend:
             rest = [r for r in self._collecting if r not in ready]
             ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
         done = []
+        # A healthy actor answers a collect() within COLLECT_WAIT_S plus, at worst, a worker's start-up and
+        # a task's time limit; one unanswered for longer is stuck: lost, never waited on.
         limit = COLLECT_WAIT_S + STARTUP_TIMEOUT_S + 2 * self.timeout + 60
         for ref in [r for r in self._collecting if r not in ready]:
             if time.monotonic() - self._asked[ref] > limit:

@@ -181,8 +181,8 @@ class KernelSpec:
     def binary_key(self, config: Config) -> str:
         """What of ``config`` picks the compiled binary: configs with equal keys run one binary (their
         other keys are run-time arguments), so a sweep compiles one of them and the rest find it in
-        Triton's cache. Default: the whole config."""
-        return canonical_json(config)
+        Triton's cache. Default: the whole (canonical) config."""
+        return canonical_json(self.canonical(config))
 
     def _check_reason(self, config: Config) -> str | None:
         try:
