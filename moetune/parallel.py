@@ -36,7 +36,7 @@ from typing import Any
 
 from .device import DeviceInfo, interpreter_active
 from .runner import Runner, WorkerHandle
-from .spec import Config, KernelSpec, Problem, canonical_json
+from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 from .strategies import Observation, SearchContext, get_strategy
 from .strategies.adaptive import AdaptiveStrategy
 from .sweep import REMEASURE, Point, Sweep
@@ -114,6 +114,14 @@ def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[C
     return new + again
 
 
+def binary_id(task: dict[str, Any]) -> Any:
+    """The binary a compile task builds (kernel, problem, :meth:`~moetune.spec.KernelSpec.binary_key`);
+    None for a task that does not say, which never waits on another."""
+    if not {"kernel", "problem", "config"} <= task.keys():
+        return None
+    return task["kernel"], task["problem"].describe(), get_spec(task["kernel"]).binary_key(task["config"])
+
+
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
 class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
@@ -153,6 +161,8 @@ class LocalBackend:
         self._prefetching: set = set()
         self._prefetch_ids = itertools.count()
         self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
+        self._bids: dict[Any, Any] = {}  # task key -> its binary (binary_id), until its result
+        self._building: dict[str, Any] = {}  # compile worker -> the binary of the task it runs
 
     @property
     def workers(self) -> list[str]:
@@ -183,6 +193,7 @@ class LocalBackend:
 
     def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
         self._tasks[key] = (task, label)
+        self._bids[key] = binary_id(task)
         (self._compile_q if self.compilers else self._measure_q).append(key)
         self._dispatch()
 
@@ -199,6 +210,7 @@ class LocalBackend:
                 h.submit(key, task, self.timeout)
                 self.states[h.name].current = label
         lock = str(self.log_dir / "inputs.lock")
+        building = {self._building.get(h.name) for h in self.compilers if h.busy} - {None}
         for h in self.compilers:
             if h.busy or not (self._compile_q or self._prefetch_q):
                 continue
@@ -207,13 +219,19 @@ class LocalBackend:
                 h.launch()
             if not h.ready:
                 continue
-            if self._compile_q:
-                key = self._same_problem(h)
+            key = self._next_compile(h, building) if self._compile_q else None
+            guess = None if key is not None else next(
+                (g for g in self._prefetch_q if binary_id(g) not in building), None)
+            if key is not None:
                 task = self._tasks[key][0]
-            else:  # nothing asked for: compile a guess ahead
-                task = self._prefetch_q.popleft()
-                key = ("prefetch", next(self._prefetch_ids))
+            elif guess is not None:  # nothing asked for (or only binaries being built): a guess ahead
+                self._prefetch_q.remove(guess)
+                task, key = guess, ("prefetch", next(self._prefetch_ids))
                 self._prefetching.add(key)
+            else:  # every queued binary is being built: the rest will find it in Triton's cache
+                continue
+            self._building[h.name] = binary_id(task)
+            building.add(self._building[h.name])
             self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
             h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
 
@@ -227,16 +245,24 @@ class LocalBackend:
         self._prefetch_q.append(task)
         self._dispatch()
 
-    def _same_problem(self, h: WorkerHandle) -> Any:
+    def _next_compile(self, h: WorkerHandle, building: set) -> Any:
         """The next compile task for ``h``: one of the problem it compiled last if queued (a compile
-        worker keeps one problem's inputs, and making them is slow: a GB of weights), else the oldest."""
-        last = self._affinity.get(h.name)
+        worker keeps one problem's inputs, and making them is slow: a GB of weights), else the oldest;
+        never one whose binary another worker is building (None if that leaves none)."""
+        last, oldest = self._affinity.get(h.name), None
         for i, key in enumerate(self._compile_q):
+            if self._bids[key] in building:
+                continue
             task = self._tasks[key][0]
             if (task.get("kernel"), task.get("problem")) == last:
                 del self._compile_q[i]
                 return key
-        return self._compile_q.popleft()
+            oldest = i if oldest is None else oldest
+        if oldest is None:
+            return None
+        key = self._compile_q[oldest]
+        del self._compile_q[oldest]
+        return key
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
         """(key, result, worker) for every task that ended within ``wait_s`` seconds."""
@@ -265,6 +291,7 @@ class LocalBackend:
             else:
                 res["reason"] = f"while compiling: {res.get('reason') or ''}".strip()
             self._tasks.pop(key)
+            self._bids.pop(key, None)
             state = self.states.get(h.name)
             if state is not None:
                 state.counts[res["status"]] += 1

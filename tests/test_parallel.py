@@ -363,6 +363,34 @@ def test_pool_compile_workers_stay_on_one_problem(tmp_path):
     assert order == ["a", "c", "b", "d"]  # its problem's tasks first, then the oldest
 
 
+def test_pool_never_builds_one_binary_on_two_workers_at_once(tmp_path):
+    spec = get_spec("fp8_decode.gate_up")
+    (problem,) = _problems("fp8_decode.gate_up", [4])
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+    configs = {"a": tile, "b": {**tile, "SPLIT_K": 4}, "c": {**tile, "num_warps": 8}}  # a, b: one binary
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    g0, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("c0", 0), FakeHandle("c1", 0)
+    backend.measurers, backend.compilers = [g0], [c0, c1]
+    g0.task_key = "busy"  # the GPU is measuring something else
+    for key, config in configs.items():
+        backend.submit(key, {"kernel": spec.name, "problem": problem, "config": config, "mode": "measure"})
+    assert (c0.task_key, c1.task_key, list(backend._compile_q)) == ("a", "c", ["b"])  # b waits for a
+    c1.task_key = None  # c compiled: b's binary is still being built, so c1 waits too
+    backend._dispatch()
+    assert c1.task_key is None and list(backend._compile_q) == ["b"]
+    c0.task_key = None  # a compiled: b finds it in the cache
+    backend._dispatch()
+    assert "b" in (c0.task_key, c1.task_key) and not backend._compile_q
+    backend.prefetch({"kernel": spec.name, "problem": problem, "config": {**tile, "SPLIT_K": 2}})
+    idle = c1 if c0.task_key == "b" else c0
+    assert idle.task_key is None and len(backend._prefetch_q) == 1  # a guess of a binary being built waits
+    backend.prefetch({"kernel": spec.name, "problem": problem, "config": {**tile, "num_warps": 2}})
+    backend.submit("d", {"kernel": spec.name, "problem": problem, "config": {**tile, "SPLIT_K": 8},
+                         "mode": "measure"})
+    assert idle.task_key[0] == "prefetch" and list(backend._compile_q) == ["d"]  # a new binary beats waiting
+    assert len(backend._prefetch_q) == 1
+
+
 
 def test_a_compile_worker_stuck_starting_fails_the_sweep_instead_of_hanging(tmp_path, monkeypatch):
     import multiprocessing as mp
