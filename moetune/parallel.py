@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from .device import DeviceInfo, interpreter_active
-from .runner import Runner, WorkerHandle
-from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
+from .runner import Runner, WorkerHandle, binary_id
+from .spec import Config, KernelSpec, Problem, canonical_json
 from .strategies import Observation, SearchContext, get_strategy
 from .strategies.adaptive import AdaptiveStrategy
 from .sweep import REMEASURE, Point, Sweep
@@ -114,14 +114,6 @@ def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[C
     return new + again
 
 
-def binary_id(task: dict[str, Any]) -> Any:
-    """The binary a compile task builds (kernel, problem, :meth:`~moetune.spec.KernelSpec.binary_key`);
-    None for a task that does not say, which never waits on another."""
-    if not {"kernel", "problem", "config"} <= task.keys():
-        return None
-    return task["kernel"], task["problem"].describe(), get_spec(task["kernel"]).binary_key(task["config"])
-
-
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
 class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
@@ -162,7 +154,6 @@ class LocalBackend:
         self._prefetch_ids = itertools.count()
         self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
         self._bids: dict[Any, Any] = {}  # task key -> its binary (binary_id), until its result
-        self._building: dict[str, Any] = {}  # compile worker -> the binary of the task it runs
 
     @property
     def workers(self) -> list[str]:
@@ -210,7 +201,7 @@ class LocalBackend:
                 h.submit(key, task, self.timeout)
                 self.states[h.name].current = label
         lock = str(self.log_dir / "inputs.lock")
-        building = {self._building.get(h.name) for h in self.compilers if h.busy} - {None}
+        building = {h.binary for h in self.compilers if h.busy} - {None}
         for h in self.compilers:
             if h.busy or not (self._compile_q or self._prefetch_q):
                 continue
@@ -230,10 +221,9 @@ class LocalBackend:
                 self._prefetching.add(key)
             else:  # every queued binary is being built: the rest will find it in Triton's cache
                 continue
-            self._building[h.name] = binary_id(task)
-            building.add(self._building[h.name])
             self._affinity[h.name] = (task.get("kernel"), task.get("problem"))
             h.submit(key, {**task, "mode": "compile", "lock": lock}, 2 * self.timeout)
+            building.add(h.binary)
 
     def idle_compilers(self) -> int:
         """Compile workers with nothing to do once the queued compiles (asked and guessed) start."""

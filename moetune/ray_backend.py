@@ -63,6 +63,7 @@ class MeasureActor:
         self.measurer = WorkerPool(1, name, None, self.log_dir)
         self.compiler = WorkerPool(jobs, f"{name}-compile", None, self.log_dir) if jobs else None
         self._tasks: dict[int, tuple[dict[str, Any], float]] = {}  # id -> (task, timeout) until its result
+        self._failed: str | None = None  # why add() failed: the driver does not wait on add(), collect() says
 
     def hello(self) -> dict[str, Any]:
         """The worker's device and versions, plus where this actor runs."""
@@ -75,22 +76,29 @@ class MeasureActor:
                 "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
     def add(self, tasks: list[tuple[int, dict[str, Any]]], timeout: float) -> None:
-        """Queue tasks (id, task) and return at once; :meth:`collect` drives them and hands results back."""
-        for tid, task in tasks:
-            self._tasks[tid] = (task, timeout)
-        if self.compiler is None:
-            self.measurer.add(tasks, timeout)
-        else:
-            lock = str(self.log_dir / "inputs.lock")
-            self.compiler.add([(tid, {**t, "mode": "compile", "lock": lock}) for tid, t in tasks],
-                              2 * timeout)
-        self._pump()
+        """Queue tasks (id, task) and return at once; :meth:`collect` drives them and hands results back
+        (or raises what went wrong here: nobody waits on this call, and its tasks would never end)."""
+        try:
+            for tid, task in tasks:
+                self._tasks[tid] = (task, timeout)
+            if self.compiler is None:
+                self.measurer.add(tasks, timeout)
+            else:
+                lock = str(self.log_dir / "inputs.lock")
+                self.compiler.add([(tid, {**t, "mode": "compile", "lock": lock}) for tid, t in tasks],
+                                  2 * timeout)
+            self._pump()
+        except Exception as e:
+            self._failed = f"adding tasks: {type(e).__name__}: {e}"
+            raise
 
     def collect(self, wait_s: float) -> list[tuple[int, dict[str, Any]]]:
         """(id, result) of the tasks that ended, waiting up to ``wait_s`` for the first; every way a
         candidate can end is a result (a worker it kills is started again). A compiled candidate goes
         to the measuring process at once, while the others still compile (compiles are warm-ups:
         nothing of theirs runs on the GPU)."""
+        if self._failed:
+            raise RuntimeError(self._failed)
         end = time.monotonic() + wait_s
         while True:
             done = self._harvest()

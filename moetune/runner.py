@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .device import DeviceInfo, interpreter_active
-from .spec import Config, KernelSpec, Problem, canonical_json
+from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 
 STARTUP_TIMEOUT_S = 600.0  # importing torch and triton, creating a CUDA context
 
@@ -58,6 +58,19 @@ def _signal_name(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def binary_id(task: dict[str, Any]) -> Any:
+    """The binary a task runs (kernel, problem, :meth:`~moetune.spec.KernelSpec.binary_key`), so that
+    two workers never build one at once; None for a task that does not say (or whose spec only its
+    worker imports, ``spec_module``), which never waits."""
+    if not {"kernel", "problem", "config"} <= task.keys():
+        return None
+    try:
+        spec = get_spec(task["kernel"])
+    except ValueError:
+        return None
+    return task["kernel"], task["problem"].describe(), spec.binary_key(task["config"])
+
+
 class WorkerHandle:
     """One worker process and the task it is running (at most one)."""
 
@@ -68,6 +81,7 @@ class WorkerHandle:
         self.conn: Any = None
         self.hello: dict[str, Any] | None = None
         self.task_key: Any = None
+        self.binary: Any = None  # binary_id of the running task
         self.deadline = 0.0
         self.started_at = 0.0
         self.launched_at = 0.0
@@ -136,6 +150,7 @@ class WorkerHandle:
         self.wait_ready()
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         self.task_key, self.started_at, self.deadline = key, time.monotonic(), time.monotonic() + timeout
+        self.binary = binary_id(task)
         self.conn.send(task)
 
     def waitables(self) -> list[Any]:
@@ -192,7 +207,7 @@ class WorkerPool:
 
     def __init__(self, size: int, prefix: str, device_index: int | None, log_dir: Path):
         self.handles = [WorkerHandle(f"{prefix}{i}", device_index, log_dir) for i in range(size)]
-        self.queue: collections.deque = collections.deque()  # (key, task, timeout, admit)
+        self.queue: collections.deque = collections.deque()  # (key, task, timeout, admit, binary_id)
 
     def launch(self) -> None:
         """Start the worker processes without waiting for them (:meth:`start` waits)."""
@@ -206,7 +221,7 @@ class WorkerPool:
 
     def add(self, tasks: Iterable[tuple[Any, dict[str, Any]]], timeout: float,
             admit: Callable[[Any], bool] | None = None, front: bool = False) -> None:
-        items = [(key, task, timeout, admit) for key, task in tasks]
+        items = [(key, task, timeout, admit, binary_id(task)) for key, task in tasks]
         if front:
             self.queue.extendleft(reversed(items))
         else:
@@ -227,8 +242,14 @@ class WorkerPool:
                 except RuntimeError:  # died while starting: start it again on the next pump
                     h.stop()
                     continue
-            while not h.busy and self.queue:
-                key, task, timeout, admit = self.queue.popleft()
+            while not h.busy:
+                # never a task whose binary another worker is building: it will be in Triton's cache
+                building = {w.binary for w in self.handles if w.busy} - {None}
+                item = next((i for i in self.queue if i[4] not in building), None)
+                if item is None:
+                    break
+                self.queue.remove(item)
+                key, task, timeout, admit, _ = item
                 if admit is None or admit(key):
                     h.submit(key, task, timeout)
 

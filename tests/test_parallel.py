@@ -15,7 +15,7 @@ from moetune.device import INTERPRETER
 from moetune.export import export
 from moetune.models import get_model
 from moetune.parallel import BusyClock, LocalBackend, ParallelSweep, make_runner, parse_gpus
-from moetune.runner import Runner
+from moetune.runner import Runner, binary_id
 from moetune.spec import canonical_json, get_spec
 from moetune.store import Store
 from moetune.strategies import STRATEGIES
@@ -283,14 +283,14 @@ class FakeHandle:
     alive = ready = True
 
     def __init__(self, name, device):
-        self.name, self.device_index, self.task_key = name, device, None
+        self.name, self.device_index, self.task_key, self.binary = name, device, None, None
 
     @property
     def busy(self):
         return self.task_key is not None
 
     def submit(self, key, task, timeout):
-        self.task_key = key
+        self.task_key, self.binary = key, binary_id(task)
 
 
 def test_pool_compiles_ahead_while_the_gpus_measure(tmp_path):
@@ -361,6 +361,28 @@ def test_pool_compile_workers_stay_on_one_problem(tmp_path):
         backend._dispatch()
         order.append(c0.task_key)
     assert order == ["a", "c", "b", "d"]  # its problem's tasks first, then the oldest
+
+
+def test_worker_pool_never_builds_one_binary_on_two_workers_at_once(tmp_path):
+    """The pools of the plain runner and of a Ray actor wait the same way."""
+    from moetune.runner import WorkerPool
+
+    spec = get_spec("fp8_decode.gate_up")
+    (problem,) = _problems("fp8_decode.gate_up", [4])
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+    tasks = [(k, {"kernel": spec.name, "problem": problem, "config": c, "mode": "compile"})
+             for k, c in [("a", tile), ("b", {**tile, "SPLIT_K": 2}), ("c", {**tile, "num_warps": 8})]]
+    pool = WorkerPool(2, "compile", None, tmp_path)
+    c0, c1 = pool.handles = [FakeHandle("c0", 0), FakeHandle("c1", 0)]
+    pool.add(tasks, 5.0)
+    pool.pump()
+    assert (c0.task_key, c1.task_key, [i[0] for i in pool.queue]) == ("a", "c", ["b"])
+    c1.task_key = None
+    pool.pump()
+    assert c1.task_key is None  # b's binary is still being built on c0
+    c0.task_key = None
+    pool.pump()
+    assert "b" in (c0.task_key, c1.task_key) and not pool.queue
 
 
 def test_pool_never_builds_one_binary_on_two_workers_at_once(tmp_path):

@@ -153,3 +153,21 @@ def test_an_actor_that_stops_answering_is_treated_as_lost(monkeypatch):
     assert [a.name for a in FakeRay.killed] == ["actor #0"] and backend.states["actor0"].counts["lost"] == 1
     assert backend.losses["a"] == 1 and backend._collecting == {"actor #0 again call": 0}
     assert time.monotonic() - backend._asked["actor #0 again call"] < 60
+
+
+def test_an_actor_whose_add_failed_says_so_at_the_next_collect(monkeypatch):
+    """Nobody waits on add(): a failure there must not leave its tasks waiting forever."""
+    from moetune.ray_backend import MeasureActor
+
+    actor = MeasureActor("actor0", jobs=1)
+    try:
+        def broken(*args, **kwargs):
+            raise KeyError("boom")
+
+        monkeypatch.setattr(actor.compiler, "add", broken)
+        with pytest.raises(KeyError):
+            actor.add([(0, {"mode": "measure"})], 5.0)
+        with pytest.raises(RuntimeError, match="adding tasks: KeyError"):
+            actor.collect(0.0)
+    finally:
+        actor.close()
