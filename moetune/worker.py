@@ -174,12 +174,18 @@ class _WeightPool:
             seed = zlib.crc32(f"weights|{key}|{index}".encode()) & 0x7FFFFFFF
             with _file_lock(lock_path):
                 self.sets[index] = cand.spec.make_weights(cand.problem, cand.where, seed)
-                cand._sync()
-                if cand.device.is_gpu:  # give generation temporaries back to the other workers
-                    import torch
-
-                    torch.cuda.empty_cache()
+                _release_temporaries(cand)
         return self.sets[index]
+
+
+def _release_temporaries(cand: _Candidate) -> None:
+    """Give the GPU memory that generating inputs needed back to the other workers: the caching
+    allocator would keep the peak (gigabytes at DeepSeek-V3 TP1) in every process for good."""
+    cand._sync()
+    if cand.device.is_gpu:
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str | None = None) -> Any:
@@ -207,9 +213,12 @@ class _CompileInputs:
             stand_in = cand.spec.compile_problem(cand.problem)
             if stand_in == cand.problem:
                 self.inputs = make_inputs(cand, seed, 0, lock_path)
-            else:  # small (fewer experts): drawn here, not kept in the measurements' weight pool
-                self.inputs = cand.spec.make_inputs(stand_in, cand.where, seed)
-            cand._sync()
+                cand._sync()
+            else:  # fewer experts, drawn here (not kept in the measurements' weight pool); still
+                # gigabytes at DeepSeek-V3 TP1, so one worker at a time, as for pooled weights
+                with _file_lock(lock_path):
+                    self.inputs = cand.spec.make_inputs(stand_in, cand.where, seed)
+                    _release_temporaries(cand)
             self.key = key
         return self.inputs
 

@@ -78,3 +78,34 @@ def test_a_measurement_reports_its_phases():
     assert sum(res["phases_ms"].values()) <= res["wall_ms"] + 1e-6
     bad = worker.handle({**task, "config": {"mode": "wrong", "v": 0}}, device_info())
     assert bad["status"] == "inaccurate" and "timing" not in bad["phases_ms"]  # checked, never timed
+
+
+def test_compile_stand_in_inputs_are_made_under_the_shared_lock(monkeypatch, tmp_path):
+    """Compile workers draw a fewer-experts stand-in's inputs one at a time, as they do pooled weights:
+    thirty workers each holding their own generation peak ran an H200 out of memory (DeepSeek-V3 TP1)."""
+    import fcntl
+
+    lock = tmp_path / "inputs.lock"
+    spec = get_spec("fp8_decode.gate_up")
+    problem = spec.problem({**spec.shape_from_model(get_model("tiny")), "E": 40}, 1)
+    assert spec.compile_problem(problem) != problem  # the stand-in branch
+    held = []
+    real = spec.make_inputs
+
+    def probe(*args, **kwargs):
+        with open(lock, "a") as other:  # another open file: blocked while the lock is held
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+            else:
+                fcntl.flock(other, fcntl.LOCK_UN)
+                held.append(False)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(spec, "make_inputs", probe)
+    pool = worker._CompileInputs()
+    inputs = pool.get(_candidate(spec.name, problem), 0, str(lock))
+    assert held == [True]
+    assert inputs.tensors["w"].shape[0] == spec.compile_problem(problem).shape["E"]
+    assert pool.get(_candidate(spec.name, problem), 0, str(lock)) is inputs and held == [True]  # once
