@@ -12,13 +12,13 @@ F = "moetune.kernels.fp8_decode."
 BF, F8, F32, I32 = "*bf16", "*fp8e4nv", "*fp32", "*i32"
 KERNELS = {  # kernel: (pointer and float argument types, constexprs)
     "_route_gemm_kernel": ({"a_ptr": BF, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32, "rw_ptr": F32,
-                            "out_ptr": F32}, {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256,
-                                              "SPLIT_K": 4}),
+                            "out_ptr": F32},
+                           {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8}),
     "_grouped_gemm_kernel": ({"a_ptr": F8, "lo_ptr": F8, "sa_ptr": F32, "w_ptr": F8, "s_ptr": F32,
                               "ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "rw_ptr": F32,
                               "out_ptr": F32},
-                             {"APPLY_WEIGHT": True, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
-                              "BLOCK_SIZE_K": 128, "SPLIT_K": 1, "SWAP_AB": True, "DOT_FP32": False,
+                             {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
+                              "BLOCK_SIZE_K": 128, "SWAP_AB": True, "DOT_FP32": False,
                               "A_FP8": 2}),
     "_split_rows_kernel": ({"a_ptr": BF, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32}, {"CHUNKS": 8}),
     "_align_sort_kernel": ({"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "shift_ptr": I32},

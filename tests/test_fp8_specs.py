@@ -1,5 +1,7 @@
 """The fp8_decode.gate_up / fp8_decode.down kernel specs: shapes, space, constraints, heuristic, run."""
 
+import re
+
 import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
@@ -127,7 +129,7 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
 
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
-    const = {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "SPLIT_K": 4, "PDL": False}
+    const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False}
     got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel", "const": const,
                          "types": types, "options": {"num_warps": 4, "num_stages": st}} for st in (1, 2, 4)])
     if isinstance(got, str):
@@ -144,15 +146,25 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
 
 
 def test_every_split_k_of_a_tile_runs_one_binary():
-    """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized:
-    a full space's 14304 gate/up configs (DeepSeek-V3 TP8) need 3015 binaries, not 14304. The sm_90 PTX
-    (compiled here without a GPU) differs from a constexpr split only by one integer division per
-    program. The spec's binary_key says so, which is how a sweep orders its compiles."""
-    from sm90_compile import param_flags
+    """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized,
+    as the K blocks each split takes: a full space's 14304 gate/up configs (DeepSeek-V3 TP8) need 3015
+    binaries, not 14304. The sm_90 code divides nothing per program for it, nor for the activation row
+    (A_ROW_DIV is a constexpr; compiled here without a GPU): down's default tile runs many short
+    programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
+    from sm90_compile import compile_sm90, param_flags
 
     kernels = [f"moetune.kernels.fp8_decode.{k}"
                for k in ("_route_gemm_kernel", "_route_dot_kernel", "_grouped_gemm_kernel")]
-    assert param_flags(kernels, "SPLIT_K") == [(False, True)] * 3  # not constexpr, never specialized
+    assert param_flags(kernels, "SPLIT_ITERS") == [(False, True)] * 3  # not constexpr, never specialized
+    types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
+             "out_ptr": "*fp32"}
+    const = {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128, "PREFETCH": False,
+             "PDL": False}
+    got = compile_sm90([{"kernel": kernels[0], "const": const, "types": types,
+                         "options": {"num_warps": 4, "num_stages": 1}}])
+    if isinstance(got, str):
+        pytest.skip(f"cannot compile for sm_90 here: {got}")
+    assert not re.search(r"\b(div|rem)\.[su]32", got[0]["ptx"])
     spec = get_spec("fp8_decode.gate_up")
     tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
     assert spec.binary_key({**tile, "SPLIT_K": 1}) == spec.binary_key({**tile, "SPLIT_K": 8})

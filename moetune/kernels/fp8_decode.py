@@ -126,19 +126,22 @@ def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_
     return tl.sum(acc, axis=1)
 
 
-# SPLIT_K is a run-time value here and below (never specialized): it only sets each program's K range,
-# so every split runs one binary, and a sweep compiles a fifth of the fp8 space (14304 -> 3015 binaries).
-@triton.jit(do_not_specialize=["SPLIT_K"])
+# A K split reaches the kernels here and below as SPLIT_ITERS, the K blocks each split takes (computed on
+# the host, never specialized): it only sets each program's K range, so every split runs one binary and a
+# sweep compiles a fifth of the fp8 space (14304 -> 3015 binaries). A count, not SPLIT_K itself: no
+# division per program, and k_start stays a known multiple of BLOCK_SIZE_K (aligned loads).
+@triton.jit(do_not_specialize=["SPLIT_ITERS"])
 def _route_gemm_kernel(
     a_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr,
-    N, K, A_ROW_DIV,
+    N, K, A_ROW_DIV: tl.constexpr,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
-    * scale. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation.
+    * scale. A_ROW_DIV (top_k for gate/up, 1 for down) is a constexpr so that no program divides at run
+    time. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation.
     PREFETCH (BLOCK_SIZE_K 128): ``_gemv_tile_prefetch``."""
     _pdl_enter(PDL)
     r = tl.program_id(0)
@@ -155,9 +158,8 @@ def _route_gemm_kernel(
     a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
     w_rows = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
     s_row = s_ptr + e64 * stride_se + ((pid_n * BLOCK_SIZE_N) // 128) * stride_sn
-    iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
-    k_start = pid_k * iters * BLOCK_SIZE_K
-    k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
+    k_start = pid_k * SPLIT_ITERS * BLOCK_SIZE_K
+    k_end = tl.minimum(K, k_start + SPLIT_ITERS * BLOCK_SIZE_K)
     if PREFETCH:
         res = _gemv_tile_prefetch(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk,
                                   stride_sk, BLOCK_SIZE_N)
@@ -220,10 +222,10 @@ def _dot_two_terms(w, hi, lo, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 @triton.jit
 def _block_tile(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, e, rows, row_mask, offs_n, n_mask, pid_k, N, K,
-    A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se,
-    stride_sn, stride_sk, stride_om,
+    A_ROW_DIV: tl.constexpr, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk,
+    stride_se, stride_sn, stride_sk, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, SPLIT_K, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_ITERS, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
     A_FP8: tl.constexpr,
 ):
     """One expert's block of routes (``rows``) x one N tile over one K split, via tl.dot: the fp8 weights
@@ -244,9 +246,8 @@ def _block_tile(
         sa_rows = sa_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_sam
     w_base = w_ptr + e64 * stride_we + offs_n.to(tl.int64) * stride_wn
     s_cols = s_ptr + e64 * stride_se + (offs_n // 128) * stride_sn
-    iters = tl.cdiv(tl.cdiv(K, BLOCK_SIZE_K), SPLIT_K)
-    k_start = pid_k * iters * BLOCK_SIZE_K
-    k_end = tl.minimum(K, k_start + iters * BLOCK_SIZE_K)
+    k_start = pid_k * SPLIT_ITERS * BLOCK_SIZE_K
+    k_end = tl.minimum(K, k_start + SPLIT_ITERS * BLOCK_SIZE_K)
     sub = tl.arange(0, 128)
     if SWAP_AB:
         acc = tl.zeros([BLOCK_SIZE_N, BLOCK_SIZE_M], tl.float32)
@@ -333,14 +334,14 @@ def _zero_inactive_rows(ids_ptr, out_ptr, block, R, offs_n, n_mask, stride_om,
              mask=(ids < 0)[:, None] & n_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["NUM_BLOCKS", "SPLIT_K"])  # NUM_BLOCKS moves with E and the routes
+@triton.jit(do_not_specialize=["NUM_BLOCKS", "SPLIT_ITERS"])  # NUM_BLOCKS moves with E and the routes
 def _grouped_gemm_kernel(
     a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, sorted_ptr, block_expert_ptr, rw_ptr, out_ptr,
-    N, K, R, NUM_BLOCKS, A_ROW_DIV,
+    N, K, R, NUM_BLOCKS, A_ROW_DIV: tl.constexpr,
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr, SPLIT_K, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_SIZE_K: tl.constexpr, SPLIT_ITERS, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
     A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """Expert-grouped product: program (m, n tile, K split) takes M block m of ``align_routes``' sorted
@@ -364,16 +365,16 @@ def _grouped_gemm_kernel(
     _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, rows, rows < R, offs_n, n_mask,
                 pid_k, N, K, A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn,
                 stride_wk, stride_se, stride_sn, stride_sk, stride_om, APPLY_WEIGHT, BLOCK_SIZE_M,
-                BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K, SWAP_AB, DOT_FP32, A_FP8)
+                BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, SWAP_AB, DOT_FP32, A_FP8)
 
 
-@triton.jit(do_not_specialize=["SPLIT_K"])
+@triton.jit(do_not_specialize=["SPLIT_ITERS"])
 def _route_dot_kernel(
-    a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, A_ROW_DIV,
+    a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, ids_ptr, rw_ptr, out_ptr, N, K, A_ROW_DIV: tl.constexpr,
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_K, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
 ):
     """The route grid on tensor cores (A_FP8 1 or 2): program (route, N tile, K split) runs ``_block_tile``
     with its one route in column 0 of a 16-wide block (the other columns masked off: MMA work is free at
@@ -394,7 +395,7 @@ def _route_dot_kernel(
     _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, r + lanes * 0, lanes == 0,
                 offs_n, n_mask, pid_k, N, K, A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac,
                 stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om, APPLY_WEIGHT,
-                16, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_K, True, DOT_FP32, A_FP8)
+                16, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, True, DOT_FP32, A_FP8)
 
 
 @triton.jit
@@ -777,8 +778,9 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     k = w.shape[2]
     if routes == 0:
         return out
+    iters = triton.cdiv(triton.cdiv(k, cfg["BLOCK_SIZE_K"]), split)  # K blocks per split
     common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
-                  BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_K=split,
+                  BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_ITERS=iters,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_pdl(pdl))
     w_strides = (*w.stride(), *w_scale.stride(), parts.stride(0), parts.stride(1))
     n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
