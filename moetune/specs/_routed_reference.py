@@ -9,6 +9,7 @@ counts), not one per expert.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,21 +53,43 @@ def _dequantized_all(weights: dict[str, Any], dequant: Callable[[torch.Tensor, t
 
 
 def routed_matmul(a: torch.Tensor, ids: torch.Tensor, row_div: int, weights: dict[str, Any],
-                  dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], n: int) -> torch.Tensor:
+                  dequant: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], n: int, *,
+                  tf32_exact: bool = False) -> torch.Tensor:
     """fp32 [routes, n]: route r (id ``ids[r]``, -1 = inactive -> zeros) is ``a[r // row_div] @ W[ids[r]].T``.
 
-    ``dequant(w, scale)`` turns one expert's (or all experts') stored weights into floats."""
+    ``dequant(w, scale)`` turns one expert's (or all experts') stored weights into floats. Rows are
+    gathered once in expert order and each expert's product is written into its slice, so an expert
+    costs one matmul launch (a sweep checks every candidate: hundreds of experts per check).
+    ``tf32_exact``: the caller's ``a`` and weights are exact in TF32 (at most 10 mantissa bits: fp8 or
+    fp4 codes times powers of two), so CUDA matmuls may take TF32 inputs with fp32 accumulation and give
+    the fp32 products, several times faster."""
     ids = ids.reshape(-1).long()
     out = torch.zeros(ids.numel(), n, dtype=torch.float32, device=a.device)
     active = (ids >= 0).nonzero().squeeze(1)
     order = active[ids[active].argsort(stable=True)]
     experts, counts = torch.unique_consecutive(ids[order], return_counts=True)
     experts, counts = experts.tolist(), counts.tolist()
-    starts = dict(zip(experts, itertools.accumulate([0] + counts), strict=False))
     full = _dequantized_all(weights, dequant)
     pairs = ((e, full[e]) for e in experts) if full is not None else _in_chunks(weights, dequant, experts)
-    a = a.float()
-    for (e, w), c in zip(pairs, counts, strict=True):
-        routes = order[starts[e]:starts[e] + c]
-        out[routes] = a[routes // row_div] @ w.T
+    rows = a.float().index_select(0, order // row_div)
+    sorted_out = torch.empty(order.numel(), n, dtype=torch.float32, device=a.device)
+    with _tf32(tf32_exact and a.is_cuda):
+        for (_, w), start, c in zip(pairs, itertools.accumulate([0] + counts), counts, strict=False):
+            torch.mm(rows[start:start + c], w.T, out=sorted_out[start:start + c])
+    out[order] = sorted_out
     return out
+
+
+@contextlib.contextmanager
+def _tf32(on: bool) -> Iterator[None]:
+    """CUDA fp32 matmuls with TF32 inputs inside, torch's setting restored after."""
+    if not on:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before

@@ -316,7 +316,7 @@ class Fp4PrefillSpec(KernelSpec):
         a = dequantize_fp8_act(t["a"], t["a_scale"])
         row_div = inputs.extra["top_k"] if self.gemm == "gate_up" else 1
         return (routed_matmul(a, t["topk_ids"], row_div, inputs.extra["weights"], dequantize_mxfp4,
-                              t["w"].shape[1]),)
+                              t["w"].shape[1], tf32_exact=True),)  # fp8 / e2m1 codes times powers of two
 
     # ---- roofline -----------------------------------------------------------------------
     def _active_and_experts(self, problem: Problem, inputs: Inputs | None) -> tuple[int, float]:
