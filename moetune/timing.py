@@ -31,8 +31,10 @@ class TimingOptions:
     warmup: int = 2
     graph_runs: int = 10  # runs captured per CUDA graph; a sample is one replay / graph_runs
     wall_runs: int = 1  # interpreter: samples taken with the wall clock
-    # A candidate whose first samples are this many times the point's best so far gets min_runs only:
-    # it will not win, its accuracy is still checked, and n_runs records how many runs it had.
+    # A candidate whose first (estimating) samples are this many times the point's best so far keeps
+    # them as its reading, and is not re-timed: it will not win, its accuracy is still checked, and
+    # n_runs records its 3 samples. Most of a full space is this slow (session 9: 87% of an exhaustive
+    # fp8 sweep), and its timed runs were most of the sweep's device time.
     slow_ratio: float = 1.5
     # A reading whose spread is above this is taken again (up to `retimes` more times) and the steadiest
     # kept. 2.5% of the stored H200 readings spread over 5%; on the GPU a wide spread marks another
@@ -64,11 +66,15 @@ def roofline_frac(device_name: str, nbytes: int | None, flops: int | None, time_
     return floor_s / (time_ms * 1e-3)
 
 
+def _far_slower(run_ms: float, opts: TimingOptions, best_ms: float | None) -> bool:
+    return bool(best_ms and opts.slow_ratio and run_ms > opts.slow_ratio * best_ms)
+
+
 def _runs_for(est_ms: float, opts: TimingOptions, best_ms: float | None = None, per: int = 1) -> int:
     """Samples to take for a sample time of ``est_ms`` (``per`` runs each), ``best_ms`` the best run time
-    at this point so far (None when there is none yet)."""
-    if best_ms and opts.slow_ratio and est_ms / per > opts.slow_ratio * best_ms:
-        return opts.min_runs
+    at this point so far (None when there is none yet); 0: the estimating samples are the reading."""
+    if _far_slower(est_ms / per, opts, best_ms):
+        return 0
     n = int(opts.target_ms / max(est_ms, 1e-4))
     return max(opts.min_runs, min(opts.max_runs, n))
 
@@ -76,11 +82,11 @@ def _runs_for(est_ms: float, opts: TimingOptions, best_ms: float | None = None, 
 Samples = tuple[list[float], int]  # per-run times (ms) and how many runs each sample spans
 
 
-def steadiest(take: Callable[[], Samples], opts: TimingOptions
+def steadiest(take: Callable[[], Samples], opts: TimingOptions, best_ms: float | None = None
               ) -> tuple[dict[str, float | int], Samples, float, int]:
     """Take a reading, and again while its spread is above ``opts.retime_spread`` (at most
-    ``opts.retimes`` more): (the steadiest reading's summary, its samples, the device time of all
-    readings in ms, how many readings were taken)."""
+    ``opts.retimes`` more) unless it is far slower than ``best_ms``: (the steadiest reading's summary,
+    its samples, the device time of all readings in ms, how many readings were taken)."""
     best: tuple[dict[str, float | int], Samples] | None = None
     spent, readings = 0.0, 0
     for _ in range(1 + max(0, opts.retimes)):
@@ -90,7 +96,7 @@ def steadiest(take: Callable[[], Samples], opts: TimingOptions
         stats = summarize(samples)
         if best is None or stats["spread"] < best[0]["spread"]:
             best = stats, (samples, per)
-        if stats["spread"] <= opts.retime_spread:
+        if stats["spread"] <= opts.retime_spread or _far_slower(stats["time_ms"], opts, best_ms):
             break
     assert best is not None
     return best[0], best[1], spent, readings
@@ -126,7 +132,7 @@ def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes
     est = [sample(i) for i in range(3)]
     torch.cuda.synchronize()
     n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts, best_ms)
-    events = [sample(i) for i in range(n)]
+    events = [sample(i) for i in range(n)] or est
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in events], 1
 
@@ -161,6 +167,6 @@ def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions,
     est = [sample() for _ in range(3)]
     torch.cuda.synchronize()
     n = _runs_for(statistics.median(s.elapsed_time(e) for s, e in est), opts, best_ms, runs)
-    events = [sample() for _ in range(n)]
+    events = [sample() for _ in range(n)] or est
     torch.cuda.synchronize()
     return [s.elapsed_time(e) / runs for s, e in events], runs

@@ -124,7 +124,7 @@ class _Candidate:
 
         # On the GPU a wide spread marks another process's work in the timed window: time it again
         stats, _, spent, readings = steadiest(
-            take, opts if self.device.is_gpu else replace(opts, retimes=0))
+            take, opts if self.device.is_gpu else replace(opts, retimes=0), best)
         if readings > 1:
             note = f"timed {readings} times (spread above {opts.retime_spread:.0%}), the steadiest kept"
             reason = f"{reason}; {note}" if reason else note

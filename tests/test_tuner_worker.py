@@ -64,16 +64,22 @@ def test_roofline_frac():
     assert roofline_frac("NVIDIA H200", 10, 10, None) is None
 
 
-def test_far_slower_candidates_get_min_runs_only():
-    from moetune.timing import TimingOptions, _runs_for
+def test_far_slower_candidates_keep_their_first_samples():
+    from moetune.timing import TimingOptions, _runs_for, steadiest
 
     opts = TimingOptions(target_ms=10.0, min_runs=10, max_runs=100, slow_ratio=1.5)
     assert _runs_for(0.2, opts) == 50  # no best yet: as many runs as the target time allows
     assert _runs_for(0.2, opts, best_ms=0.15) == 50  # within 1.5x of the best: timed in full
-    assert _runs_for(0.4, opts, best_ms=0.15) == 10  # 2.7x slower: min_runs
+    assert _runs_for(0.4, opts, best_ms=0.15) == 0  # 2.7x slower: the estimating samples are the reading
     assert _runs_for(0.2, opts, best_ms=0.015, per=10) == 50  # a 10-run graph replay: 0.02 ms a run
-    assert _runs_for(0.2, opts, best_ms=0.015) == 10  # the same sample as one run: far slower
+    assert _runs_for(0.2, opts, best_ms=0.015) == 0  # the same sample as one run: far slower
     assert _runs_for(0.4, TimingOptions(slow_ratio=0.0), best_ms=0.15) == 25  # 0 turns it off
+    wide = [0.40, 0.44, 0.48]  # spread 10%, far over retime_spread
+    readings = iter([(wide, 1)] * 3)
+    stats, _, _, n = steadiest(lambda: next(readings), opts, best_ms=0.15)
+    assert n == 1 and stats["n_runs"] == 3  # far slower: its spread does not matter, no second reading
+    readings = iter([(wide, 1)] * 3)
+    assert steadiest(lambda: next(readings), opts, best_ms=0.4)[3] == 3  # a contender is re-timed
 
 
 def test_compile_only_turns_launches_into_warmups(monkeypatch):
