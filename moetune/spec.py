@@ -241,11 +241,14 @@ class KernelSpec:
                 a, b = out.contiguous().view(torch.uint8), ref.contiguous().view(torch.uint8)
                 worst = max(worst, (a != b).float().mean().item() if a.numel() else 0.0)
                 continue
-            o, r = out.double(), ref.double()
-            if not torch.isfinite(o).all():
+            # fp32 norms, one host sync: a NaN or inf output makes the difference's norm non-finite.
+            # (float64 copies cost a fp4 check at 98304 routes gigabytes of traffic for no verdict it
+            # needs: the tolerance is 1e-2.)
+            r = ref.float()
+            num, den = torch.stack([torch.linalg.vector_norm(out.float() - r),
+                                    torch.linalg.vector_norm(r)]).tolist()
+            if not math.isfinite(num):
                 return math.inf
-            den = r.norm().item()
-            num = (o - r).norm().item()
             worst = max(worst, num / den if den > 0 else (0.0 if num == 0 else math.inf))
         return worst
 
