@@ -42,6 +42,12 @@ class TimingOptions:
     # start spread 25-27% and read 1.08-1.18x slow; every other reading of that sweep spread <= 0.7%).
     retime_spread: float = 0.05
     retimes: int = 2
+    # GPU, CUDA-graph specs: before any graph is captured, one run is timed behind a spin kernel
+    # (`time_probe`); over this many times the point's best so far, that run is the reading. Capturing
+    # and replaying graphs cost most of a candidate's time (session 9, exhaustive fp8 sweep: 16 ms
+    # beyond the kernel's runs), and most of a full space is far slower than its best.
+    probe_ratio: float = 2.0
+    probe_spin_cycles: int = 2_000_000  # ~1 ms on an H200: longer than the host takes to launch one run
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:
@@ -135,6 +141,21 @@ def time_events(fns: Sequence[Callable[[], None]], opts: TimingOptions, l2_bytes
     events = [sample(i) for i in range(n)] or est
     torch.cuda.synchronize()
     return [s.elapsed_time(e) for s, e in events], 1
+
+
+def time_probe(fn: Callable[[], None], opts: TimingOptions) -> float:
+    """One run's GPU time (ms), launched while a spin kernel holds the stream, so the host's launch
+    overhead stays out of the reading as it does in a graph replay. ``fn`` must not synchronize (a
+    capturable op). Its inputs are warm in L2 from the accuracy check: if anything, the reading is low."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(opts.probe_spin_cycles)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def time_graph(fns: Sequence[Callable[[], None]], opts: TimingOptions,

@@ -85,7 +85,15 @@ class _Candidate:
         return {"status": "ok"}
 
     def measure(self, inputs: Any) -> dict[str, Any]:
-        from .timing import TimingOptions, roofline_frac, steadiest, time_events, time_graph, time_wall
+        from .timing import (
+            TimingOptions,
+            steadiest,
+            summarize,
+            time_events,
+            time_graph,
+            time_probe,
+            time_wall,
+        )
 
         spec, problem = self.spec, self.problem
         clock = _Phases(self._sync)
@@ -101,11 +109,17 @@ class _Candidate:
             limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
             return {**out, "status": "inaccurate", "reason": f"error {err:.3g} vs reference ({limit})"}
         opts = TimingOptions(**self.task.get("timing", {}))
+        reason, best = None, self.task.get("best_ms")
+        if self.device.is_gpu and spec.cuda_graph and best and opts.probe_ratio:
+            probe = time_probe(lambda: spec.run(inputs, self.config), opts)
+            if probe > opts.probe_ratio * best:
+                clock.lap("timing")
+                note = f"far slower: one run, {probe / best:.1f}x the point's best so far, timed alone"
+                return self._timed(out, summarize([probe]), note, probe)
         sets = [inputs] + [make_inputs(self, self.task["seed"] + i, i)
                            for i in range(1, self._input_sets(out["bytes"]))]
         clock.lap("timing_sets")
         fns = [lambda s=s: spec.run(s, self.config) for s in sets]
-        reason, best = None, self.task.get("best_ms")
         method = "wall" if not self.device.is_gpu else "graph" if spec.cuda_graph else "events"
 
         def take() -> tuple[list[float], int]:
@@ -129,10 +143,16 @@ class _Candidate:
             note = f"timed {readings} times (spread above {opts.retime_spread:.0%}), the steadiest kept"
             reason = f"{reason}; {note}" if reason else note
         clock.lap("timing")
+        return self._timed(out, stats, reason, spent)
+
+    def _timed(self, out: dict[str, Any], stats: dict[str, Any], reason: str | None,
+               kernel_ms: float) -> dict[str, Any]:
+        from .timing import roofline_frac
+
         frac = roofline_frac(self.device.name, out["bytes"], out["flops"], stats["time_ms"],
-                             getattr(spec, "mma", "bf16")) if self.device.is_gpu else None
+                             getattr(self.spec, "mma", "bf16")) if self.device.is_gpu else None
         return {**out, **stats, "status": "ok", "reason": reason, "roofline_frac": frac,
-                "kernel_ms": spent}
+                "kernel_ms": kernel_ms}
 
     def _input_sets(self, nbytes: int) -> int:
         """Rotate input sets when one fits in L2 twice over, so runs do not hit each other's cache."""

@@ -1,5 +1,6 @@
 """The worker's input pool: weights made once per (kernel, shape), everything else fresh per candidate."""
 
+import pytest
 import torch
 
 from moetune import worker
@@ -109,3 +110,43 @@ def test_compile_stand_in_inputs_are_made_under_the_shared_lock(monkeypatch, tmp
     assert held == [True]
     assert inputs.tensors["w"].shape[0] == spec.compile_problem(problem).shape["E"]
     assert pool.get(_candidate(spec.name, problem), 0, str(lock)) is inputs and held == [True]  # once
+
+
+def test_a_far_slower_probe_is_the_reading_and_nothing_is_captured(monkeypatch):
+    """On a GPU, a capturable op's candidate is timed once (behind a spin kernel) before any CUDA graph;
+    over probe_ratio x the point's best, that run is its reading. Within it, graph timing goes on.
+    (Simulated here: CPU tensors on a device that says GPU, the CUDA calls stubbed.)"""
+    import dataclasses
+
+    import crashy_spec  # noqa: F401  (registers test.crashy)
+
+    from moetune import timing
+
+    spec = get_spec("test.crashy")
+    monkeypatch.setattr(spec, "cuda_graph", True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    probes, graphs = [], []
+    monkeypatch.setattr(timing, "time_probe", lambda fn, opts: fn() or probes.append(1) or 0.5)
+    monkeypatch.setattr(timing, "time_graph", lambda *a: graphs.append(1) or ([0.1] * 10, 1))
+    gpu = dataclasses.replace(device_info(), name="NVIDIA H200", arch="sm_90", is_gpu=True, l2_bytes=0)
+    init = worker._Candidate.__init__
+
+    def on_cpu(self, task, device):
+        init(self, task, device)
+        self.where = "cpu"
+
+    monkeypatch.setattr(worker._Candidate, "__init__", on_cpu)
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 2)
+    task = {"mode": "measure", "kernel": spec.name, "spec_module": "crashy_spec", "problem": problem,
+            "config": {"mode": "ok", "v": 0}, "seed": 3, "timing": {}, "best_ms": 0.2}
+    res = worker.handle(task, gpu)
+    assert res["status"] == "ok" and res["time_ms"] == 0.5 and res["n_runs"] == 1
+    assert "far slower" in res["reason"] and "2.5x" in res["reason"] and not graphs
+    res = worker.handle({**task, "best_ms": 0.3}, gpu)  # 1.7x: a contender, graph-timed
+    assert res["time_ms"] == pytest.approx(0.1) and res["n_runs"] == 10 and graphs == [1]
+    res = worker.handle({**task, "best_ms": None}, gpu)  # no best yet: no probe
+    assert len(probes) == 2 and graphs == [1, 1]
+    res = worker.handle({**task, "timing": {"probe_ratio": 0.0}}, gpu)  # turned off
+    assert len(probes) == 2 and graphs == [1, 1, 1]
+    bad = worker.handle({**task, "config": {"mode": "wrong", "v": 0}}, gpu)
+    assert bad["status"] == "inaccurate" and len(probes) == 2  # checked first, never probed
