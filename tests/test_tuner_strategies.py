@@ -67,3 +67,13 @@ def test_best_and_unknown_strategy(point):
     assert s.best().time_ms == min(o.time_ms for o in s.history if o.ok)
     with pytest.raises(ValueError, match="unknown strategy 'annealing'"):
         get_strategy("annealing")
+
+
+def test_exhaustive_measures_the_warm_starts_among_its_candidates_first(point):
+    """Hints first (a pruned one never), then space order; still every candidate exactly once."""
+    last, first = point.candidates[-1], point.candidates[5]
+    pruned = {**point.candidates[0], "BLOCK_SIZE_K": 12345}
+    ctx = SearchContext(point.spec, point.problem, point.candidates, hints=[last, pruned, first])
+    got = [canonical_json(c) for c in drain(get_strategy("exhaustive"), ctx, 4)]
+    assert got[:2] == [canonical_json(last), canonical_json(first)]
+    assert sorted(got) == sorted(canonical_json(c) for c in point.candidates)
