@@ -43,10 +43,12 @@ class TimingOptions:
     retime_spread: float = 0.05
     retimes: int = 2
     # GPU, CUDA-graph specs: before any graph is captured, one run is timed behind a spin kernel
-    # (`time_probe`); over this many times the point's best so far, that run is the reading. Capturing
+    # (`time_probe`); over slow_ratio x the point's best so far, that run is the reading. Capturing
     # and replaying graphs cost most of a candidate's time (session 9, exhaustive fp8 sweep: 16 ms
-    # beyond the kernel's runs), and most of a full space is far slower than its best.
-    probe_ratio: float = 2.0
+    # beyond the kernel's runs), and most of a full space is far slower than its best. The probe's
+    # inputs are warm in L2 (graph replays rotate input sets that fit there), so it reads low if
+    # anything: the safe side to err on.
+    probe: bool = True
     probe_spin_cycles: int = 2_000_000  # ~1 ms on an H200: longer than the host takes to launch one run
 
 

@@ -110,9 +110,9 @@ class _Candidate:
             return {**out, "status": "inaccurate", "reason": f"error {err:.3g} vs reference ({limit})"}
         opts = TimingOptions(**self.task.get("timing", {}))
         reason, best = None, self.task.get("best_ms")
-        if self.device.is_gpu and spec.cuda_graph and best and opts.probe_ratio:
+        if self.device.is_gpu and spec.cuda_graph and best and opts.probe and opts.slow_ratio:
             probe = time_probe(lambda: spec.run(inputs, self.config), opts)
-            if probe > opts.probe_ratio * best:
+            if probe > opts.slow_ratio * best:
                 clock.lap("timing")
                 note = f"far slower: one run, {probe / best:.1f}x the point's best so far, timed alone"
                 return self._timed(out, summarize([probe]), note, probe)
