@@ -509,7 +509,7 @@ class ParallelSweep(Sweep):
 # ---- what the CLI builds -------------------------------------------------------------------------------
 def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str | None = None,
                 ray_actors: int | None = None, ray_gpus_per_actor: float = 1.0, timeout: float = 60.0,
-                jobs: int | None = None) -> tuple[Any, type[Sweep]]:
+                jobs: int | None = None, timing: dict[str, Any] | None = None) -> tuple[Any, type[Sweep]]:
     """The measurement backend and the sweep driver for ``moetune sweep``'s options.
 
     ``--gpus`` puts one measuring worker on each GPU it names, one or several, and searches every
@@ -526,12 +526,13 @@ def make_runner(*, gpus: str | None = None, ray: bool = False, ray_address: str 
         from .ray_backend import RayBackend
 
         return RayBackend(address=ray_address, actors=ray_actors, gpus_per_actor=ray_gpus_per_actor,
-                          timeout=timeout, jobs=jobs), ParallelSweep
+                          timeout=timeout, jobs=jobs, timing=timing), ParallelSweep
     if gpus is None:
         if gpu_count() < 1:
-            return Runner(timeout=timeout, jobs=jobs), Sweep
+            return Runner(timeout=timeout, jobs=jobs, timing=timing), Sweep
         gpus = "0"
-    return LocalBackend(parse_gpus(gpus, gpu_count()), timeout=timeout, jobs=jobs), ParallelSweep
+    backend = LocalBackend(parse_gpus(gpus, gpu_count()), timeout=timeout, jobs=jobs, timing=timing)
+    return backend, ParallelSweep
 
 
 __all__ = ["LocalBackend", "ParallelSweep", "WorkerState", "gpu_count", "make_runner", "measure_task",

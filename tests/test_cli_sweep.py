@@ -106,3 +106,16 @@ def test_results_needs_an_existing_store(cli, tmp_path):
     assert res.exit_code == 2 and "no results database" in res.output
     res = cli("results", "--db", tmp_path / "none.sqlite", "--status", "great")
     assert res.exit_code == 2
+
+
+def test_full_timing_turns_the_short_readings_off(cli, tmp_path, monkeypatch):
+    from moetune import parallel
+
+    seen = []
+    real = parallel.make_runner
+    monkeypatch.setattr(parallel, "make_runner", lambda **kw: seen.append(kw["timing"]) or real(**kw))
+    for flag in ([], ["--full-timing"]):
+        res = cli("sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
+                  "--strategy", "random", "--budget", "1", "--db", tmp_path / "r.sqlite", "--quiet", *flag)
+        assert res.exit_code == 0, res.output
+    assert seen == [None, {"slow_ratio": 0.0}]

@@ -48,12 +48,16 @@ def test_make_runner_picks_the_backend(monkeypatch):
     runner, driver = make_runner()  # no GPU: the plain sweep through the interpreter
     assert type(runner) is Runner and driver is Sweep
     runner.close()
+    runner, _ = make_runner(timing={"slow_ratio": 0.0})  # --full-timing reaches every backend's tasks
+    assert runner.timing == {"slow_ratio": 0.0}
+    runner.close()
     monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
     runner, driver = make_runner(gpus="2")  # one GPU named: every point at once, on that GPU
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [2]
     runner.close()
-    runner, driver = make_runner(gpus="all", timeout=5)
+    runner, driver = make_runner(gpus="all", timeout=5, timing={"slow_ratio": 0.0})
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep
+    assert runner.timing == {"slow_ratio": 0.0}
     assert runner.workers == ["gpu0", "gpu1", "gpu2"] and runner.devices == [0, 1, 2]
     runner.close()
     with pytest.raises(ValueError, match="--gpus and --ray"):

@@ -159,6 +159,9 @@ def sweep(
     retry: Annotated[str | None, typer.Option(help="measure again the candidates stored only as crash, "
                                                    "timeout or compile_error (comma separated), once "
                                                    "the cause is fixed; their old rows stay")] = None,
+    full_timing: Annotated[bool, typer.Option(help="time every accurate candidate in full (by default one "
+                                                   "that reads over 1.5x the point's best so far keeps "
+                                                   "that first, shorter reading)")] = False,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -183,7 +186,8 @@ def sweep(
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
         retries = check_retry(split_list(retry))
         runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
-                                     ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs)
+                                     ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs,
+                                     timing={"slow_ratio": 0.0} if full_timing else None)
         if hasattr(runner, "launch"):  # worker processes import torch and Triton while the space is planned
             runner.launch()
         try:
