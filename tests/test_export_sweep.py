@@ -50,6 +50,6 @@ def test_sweep_export_verify_pick_round_trip(dirs):
     assert len(files) == 2
     assert [str(f) for f in findings if f.level == "error" and "slower" not in f.message] == []
 
-    for routes, e in ((1, doc["entries"][0]), (16, doc["entries"][1])):
+    for routes, e in ((2, doc["entries"][0]), (16, doc["entries"][1])):  # each entry's own point
         p = picker.pick_config_with_source(KERNEL, SHAPE, routes, device=INTERPRETER)
         assert (p.source, dict(p.config), p.density_key) == ("device", e["config"], e["density"])
