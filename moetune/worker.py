@@ -11,6 +11,7 @@ new one. Its stdout/stderr go to a log file whose tail becomes the crash reason.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import signal
 import sys
@@ -208,10 +209,12 @@ def _release_temporaries(cand: _Candidate) -> None:
         torch.cuda.empty_cache()
 
 
-def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str | None = None) -> Any:
-    """Fresh activations, routes and outputs (``seed``) on the pool's weight set ``weight_set``; a spec
-    without :meth:`~moetune.spec.KernelSpec.make_weights` makes everything fresh, as before."""
-    weights = _WEIGHTS.get(cand, weight_set, lock_path)
+def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str | None = None,
+                pool: _WeightPool | None = None) -> Any:
+    """Fresh activations, routes and outputs (``seed``) on the pool's weight set ``weight_set`` (the
+    worker's own pool unless ``pool``); a spec without :meth:`~moetune.spec.KernelSpec.make_weights`
+    makes everything fresh, as before."""
+    weights = (pool or _WEIGHTS).get(cand, weight_set, lock_path)
     if weights is None:
         return cand.spec.make_inputs(cand.problem, cand.where, seed)
     return cand.spec.make_inputs(cand.problem, cand.where, seed, weights=weights)
@@ -219,12 +222,15 @@ def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str
 
 class _CompileInputs:
     """A compile worker's inputs for the current problem: made once per problem, not per config
-    (only the binary matters there), for the spec's :meth:`~moetune.spec.KernelSpec.compile_problem`
-    (on the same pooled weights as measurements when that is the problem itself)."""
+    (only the binary matters there), for the spec's :meth:`~moetune.spec.KernelSpec.compile_problem`.
+    Its weights come from a pool, made once per shape one worker at a time: the measurements' pool
+    when the stand-in is the problem itself, else a pool of stand-in weights (fewer experts, still
+    gigabytes at DeepSeek-V3 TP1; thirty workers drawing them at once ran an H200 out of memory)."""
 
     def __init__(self) -> None:
         self.key: Any = None
         self.inputs: Any = None
+        self.stand_in_weights = _WeightPool()
 
     def get(self, cand: _Candidate, seed: int, lock_path: str | None) -> Any:
         key = (cand.spec.name, cand.problem)
@@ -233,12 +239,11 @@ class _CompileInputs:
             stand_in = cand.spec.compile_problem(cand.problem)
             if stand_in == cand.problem:
                 self.inputs = make_inputs(cand, seed, 0, lock_path)
-                cand._sync()
-            else:  # fewer experts, drawn here (not kept in the measurements' weight pool); still
-                # gigabytes at DeepSeek-V3 TP1, so one worker at a time, as for pooled weights
-                with _file_lock(lock_path):
-                    self.inputs = cand.spec.make_inputs(stand_in, cand.where, seed)
-                    _release_temporaries(cand)
+            else:
+                sub = copy.copy(cand)
+                sub.problem = stand_in
+                self.inputs = make_inputs(sub, seed, 0, lock_path, self.stand_in_weights)
+            cand._sync()
             self.key = key
         return self.inputs
 

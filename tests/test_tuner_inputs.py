@@ -81,17 +81,19 @@ def test_a_measurement_reports_its_phases():
     assert bad["status"] == "inaccurate" and "timing" not in bad["phases_ms"]  # checked, never timed
 
 
-def test_compile_stand_in_inputs_are_made_under_the_shared_lock(monkeypatch, tmp_path):
-    """Compile workers draw a fewer-experts stand-in's inputs one at a time, as they do pooled weights:
-    thirty workers each holding their own generation peak ran an H200 out of memory (DeepSeek-V3 TP1)."""
+def test_compile_stand_in_weights_are_made_once_under_the_shared_lock(monkeypatch, tmp_path):
+    """Compile workers draw a fewer-experts stand-in's weights one at a time and once per shape, as
+    measurements do their pooled weights: thirty workers each holding their own generation peak ran an
+    H200 out of memory (DeepSeek-V3 TP1)."""
     import fcntl
 
     lock = tmp_path / "inputs.lock"
     spec = get_spec("fp8_decode.gate_up")
-    problem = spec.problem({**spec.shape_from_model(get_model("tiny")), "E": 40}, 1)
-    assert spec.compile_problem(problem) != problem  # the stand-in branch
+    shape = {**spec.shape_from_model(get_model("tiny")), "E": 40}
+    one, two = spec.problem(shape, 1), spec.problem(shape, 2)
+    assert spec.compile_problem(one) != one  # the stand-in branch
     held = []
-    real = spec.make_inputs
+    real = spec.make_weights
 
     def probe(*args, **kwargs):
         with open(lock, "a") as other:  # another open file: blocked while the lock is held
@@ -104,12 +106,16 @@ def test_compile_stand_in_inputs_are_made_under_the_shared_lock(monkeypatch, tmp
                 held.append(False)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spec, "make_inputs", probe)
+    monkeypatch.setattr(spec, "make_weights", probe)
+    monkeypatch.setattr(worker, "_WEIGHTS", worker._WeightPool())
     pool = worker._CompileInputs()
-    inputs = pool.get(_candidate(spec.name, problem), 0, str(lock))
+    a = pool.get(_candidate(spec.name, one), 0, str(lock))
     assert held == [True]
-    assert inputs.tensors["w"].shape[0] == spec.compile_problem(problem).shape["E"]
-    assert pool.get(_candidate(spec.name, problem), 0, str(lock)) is inputs and held == [True]  # once
+    assert a.tensors["w"].shape[0] == spec.compile_problem(one).shape["E"]
+    assert pool.get(_candidate(spec.name, one), 0, str(lock)) is a  # the same problem: the same inputs
+    b = pool.get(_candidate(spec.name, two), 0, str(lock))
+    assert b is not a and b.tensors["w"] is a.tensors["w"] and held == [True]  # one weight set per shape
+    assert worker._WEIGHTS.key is None  # the measurements' pool holds no stand-in
 
 
 def test_a_far_slower_probe_is_the_reading_and_nothing_is_captured(monkeypatch):
