@@ -108,6 +108,10 @@ class Store:
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        # In WAL mode, NORMAL syncs at checkpoints, not at every commit: a committed row survives the
+        # sweep being killed (the OS holds it), only a power loss can take the last few. One write per
+        # measurement then costs no fsync.
+        conn.execute("PRAGMA synchronous = NORMAL")
         return conn
 
     def _connect_readonly(self) -> sqlite3.Connection:
