@@ -75,11 +75,12 @@ def parse_gpus(text: str, count: int) -> list[int]:
 
 
 def measure_task(spec: KernelSpec, problem: Problem, config: Config, seed: int,
-                 timing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The task :func:`moetune.worker.handle` runs, the same one a plain :class:`Runner` sends."""
+                 timing: dict[str, Any] | None = None, best_ms: float | None = None) -> dict[str, Any]:
+    """The task :func:`moetune.worker.handle` runs, the same one a plain :class:`Runner` sends.
+    ``best_ms``: the point's best so far, which lets the worker time a far slower candidate briefly."""
     return {"mode": "measure", "kernel": spec.name, "spec_module": type(spec).__module__,
             "problem": problem, "config": dict(config), "seed": Runner.seed_for(problem, config, seed),
-            "timing": dict(timing or {})}
+            "timing": dict(timing or {}), "best_ms": best_ms}
 
 
 @dataclass
@@ -401,6 +402,8 @@ class ParallelSweep(Sweep):
                 if s.finals is None:  # the strategy's first pick (a sweep's heuristic, re-checked later)
                     configs = configs[:1] + compile_order(pt.spec, configs[1:], first=configs[:1])
                 key_of = self._key(pt.problem)
+                # finalists are re-measured in full, whatever the best so far
+                best = pt.best.time_ms if pt.best and s.finals is None else None
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round
                         key = (s.index, canonical_json(config), REMEASURE, len(s.final_obs) + len(s.pending))
@@ -411,7 +414,7 @@ class ParallelSweep(Sweep):
                     inflight[key] = (s, config)
                     s.pending.add(key)
                     self.runner.submit(key, measure_task(pt.spec, pt.problem, config, self.seed,
-                                                         getattr(self.runner, "timing", None)),
+                                                         getattr(self.runner, "timing", None), best),
                                        f"{pt.problem.kernel} t{pt.problem.tokens} r{pt.problem.routes}")
                     free -= 1
             if free <= 0:

@@ -399,11 +399,13 @@ class Runner:
 
     def measure(self, spec: KernelSpec, problem: Problem, configs: Sequence[Config], seed: int = 0,
                 admit: Callable[[Config], bool] | None = None,
-                ahead: Sequence[Config] = (), best_ms: float | None = None
+                ahead: Sequence[Config] = (), best_ms: float | Callable[[], float | None] | None = None
                 ) -> Iterator[tuple[Config, dict[str, Any]]]:
         """Yield (config, result) per candidate as each finishes; ``admit`` may skip one just before
         it runs (another sweep on the same store measured it meanwhile). ``best_ms``: the point's best
-        time so far; candidates far slower get fewer timed runs (:class:`~moetune.timing.TimingOptions`).
+        time so far, or a function that tells it as each candidate is sent (so a batch's later candidates
+        see its earlier results); candidates far slower get fewer timed runs
+        (:class:`~moetune.timing.TimingOptions`).
 
         Each candidate is measured as soon as its compile is done, while the compile workers go on
         with the rest and then with ``ahead`` (the next batch), so compiling overlaps measuring.
@@ -439,8 +441,8 @@ class Runner:
                         yield by_key[key], {**res, "reason": f"while compiling: {res.get('reason') or ''}"
                                             .strip()}
                 else:
-                    self.measurer.add([(key, self._task("measure", spec, problem, by_key[key], seed,
-                                                           best_ms))],
+                    best = best_ms() if callable(best_ms) else best_ms
+                    self.measurer.add([(key, self._task("measure", spec, problem, by_key[key], seed, best))],
                                       self.timeout, check)
             waiting = still
             self.measurer.pump()

@@ -265,7 +265,9 @@ class Sweep:
             return self.store.claim(key, config, ttl, self.retry)
 
         out = []
-        best = pt.best.time_ms if pt.best else None
+        def best() -> float | None:
+            return pt.best.time_ms if pt.best else None
+
         for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit, ahead, best):
             t0 = time.monotonic()
             row = self._row(pt, config, res)

@@ -121,6 +121,28 @@ def test_driver_measures_every_candidate_once_across_points(tmp_path):
     assert all(pt.baseline is not None and sum(pt.counts.values()) == 6 for pt in points)
 
 
+def test_driver_tells_each_candidate_the_points_best_so_far(tmp_path):
+    """The worker times a candidate far slower than the best briefly: it must be told the best."""
+    backend = FakeBackend(3)
+    sent = []
+    submit = backend.submit
+    backend.submit = lambda key, task, label="": (sent.append(task), submit(key, task, label))
+    with Store(tmp_path / "r.sqlite") as store:
+        sweep = ParallelSweep(store, backend, strategy="model", budget=40, seed=2)
+        sweep.run(_problems("test.steady_wide", [1]))
+        rows = store.frame()
+    times = list(rows.loc[rows["strategy"] != "remeasure", "time_ms"])  # the fake answers in send order
+    searched = sent[:len(times)]
+    assert searched[0]["best_ms"] is None  # the baseline: nothing measured yet
+    bests = [t["best_ms"] for t in searched[1:]]
+    for i, best in enumerate(bests, start=1):  # the best of what had come back when it was sent
+        assert best in {min(times[:j]) for j in range(1, i + 1)}
+    assert bests == sorted(bests, reverse=True)
+    assert bests[-1] <= min(times[:len(times) // 2])  # not stuck at a stale value
+    finals = sent[len(times):]
+    assert finals and all(t["best_ms"] is None for t in finals)  # finalists: re-measured in full
+
+
 def test_busy_clock_tells_a_compile_bound_sweep_from_a_gpu_bound_one():
     fed = BusyClock()  # one worker, back-to-back 0.5 s tasks
     for end in (10.0, 10.5, 11.0):
