@@ -26,6 +26,7 @@ import itertools
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -155,6 +156,8 @@ class LocalBackend:
         self._prefetch_ids = itertools.count()
         self._affinity: dict[str, tuple[Any, Any]] = {}  # compile worker -> the problem it compiled last
         self._bids: dict[Any, Any] = {}  # task key -> its binary (binary_id), until its result
+        self.compile_busy = BusyClock()
+        self.compile_tasks: list[tuple[float, float]] = []  # (wall s, CPU s) of each compile task
 
     @property
     def workers(self) -> list[str]:
@@ -271,6 +274,9 @@ class LocalBackend:
             if got is None:
                 continue
             key, res = got
+            if h.name not in measurers and res.get("wall_ms") is not None:  # a compile worker's
+                self.compile_busy.add(time.monotonic(), res["wall_ms"] / 1e3)
+                self.compile_tasks.append((res["wall_ms"] / 1e3, res.get("cpu_ms", math.nan) / 1e3))
             if key in self._prefetching:  # a guess compiled (or not): nobody waits for it
                 self._prefetching.discard(key)
                 continue
@@ -321,8 +327,9 @@ class _Search:
 
 
 class BusyClock:
-    """How busy the measuring workers were: their task seconds over workers x (first task start .. last
-    result). Well under 1 means they waited for compiles: the sweep is bound by the CPU, not the GPUs."""
+    """How busy a set of workers was: their task seconds over workers x (first task start .. last
+    result). Measuring workers well under 1 waited for compiles: the sweep is bound by the CPU, not
+    the GPUs. Compile workers well under 1 waited for work."""
 
     def __init__(self) -> None:
         self.busy_s = 0.0
@@ -359,6 +366,18 @@ class ParallelSweep(Sweep):
     def measuring_busy(self) -> float | None:
         """Share of the measuring workers' time spent on tasks (see :class:`BusyClock`)."""
         return self.busy.fraction(len(self.runner.workers))
+
+    def compiling(self) -> dict[str, float] | None:
+        """The compile workers' tasks, when the backend has them: how many, the share of the workers'
+        time they filled, their median wall seconds and their CPU seconds over their wall seconds
+        (well under 1: the tasks waited on something other than the compiler, e.g. the GPU)."""
+        tasks = getattr(self.runner, "compile_tasks", None)
+        if not tasks:
+            return None
+        wall, cpu = zip(*tasks, strict=True)
+        share = sum(cpu) / sum(wall) if sum(wall) else math.nan
+        return {"tasks": len(tasks), "busy": self.runner.compile_busy.fraction(len(self.runner.compilers)),
+                "wall_s": statistics.median(wall), "cpu_share": share}
 
     def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
         if self.runner.device is None:

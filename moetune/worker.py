@@ -307,7 +307,7 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
     A measurement makes fresh activations, routes and outputs (its own seed) for every candidate on
     the worker's pooled weights; a compile reuses the problem's inputs.
     """
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_s()
     stage = "setup"
     try:
         cand = _Candidate(task, device)
@@ -334,7 +334,15 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
         traceback.print_exc()  # into the worker's log, for whoever digs deeper
         result = {"status": status, "reason": reason, "restart": restart, "stage": stage}
     result["wall_ms"] = (time.perf_counter() - t0) * 1e3
+    if task["mode"] == "compile":  # wall time well above CPU time: the compile waited on something
+        result["cpu_ms"] = (_cpu_s() - cpu0) * 1e3
     return result
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its finished children (ptxas runs as one)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _die_with_parent() -> None:

@@ -487,6 +487,19 @@ def test_pool_keeps_crash_isolation(tmp_path):
     assert sum(per_worker) == 10 and min(per_worker) > 0  # both workers measured
 
 
+def test_pool_accounts_for_its_compile_workers_time(tmp_path):
+    """The summary says how busy the compile workers were and how much of their time was CPU: a
+    compile-bound sweep whose compile workers sit idle or wait is a scheduling problem, not the compiler."""
+    backend = LocalBackend([0], timeout=5.0, jobs=1)
+    with Store(tmp_path / "r.sqlite") as store, backend:
+        sweep = ParallelSweep(store, backend, strategy="exhaustive")
+        sweep.run(_problems("test.steady", [2]))
+        n = len(store.frame())
+    got = sweep.compiling()
+    assert got["tasks"] == n == 6  # every candidate compiled first, once
+    assert 0 < got["busy"] <= 1 and got["wall_s"] > 0 and 0 < got["cpu_share"] <= 1.05
+
+
 # ---- the command ---------------------------------------------------------------------------------------
 def test_cli_gpus_covers_what_a_plain_sweep_does_resumes_and_exports_one_table(tmp_path, monkeypatch):
     monkeypatch.setattr(parallel, "gpu_count", lambda: 2)  # two fake GPUs: interpreter workers

@@ -1,5 +1,7 @@
 """The worker's input pool: weights made once per (kernel, shape), everything else fresh per candidate."""
 
+import time
+
 import pytest
 import torch
 
@@ -156,3 +158,29 @@ def test_a_far_slower_probe_is_the_reading_and_nothing_is_captured(monkeypatch):
     assert len(probes) == 2 and graphs == [1, 1, 1]
     bad = worker.handle({**task, "config": {"mode": "wrong", "v": 0}}, gpu)
     assert bad["status"] == "inaccurate" and len(probes) == 2  # checked first, never probed
+
+
+def test_a_compile_task_reports_its_cpu_time_beside_its_wall_time(monkeypatch):
+    """A compile whose CPU time is far below its wall time waited on something else (the GPU, a lock):
+    the sweep's summary reports the ratio so such a wait shows."""
+    spec = get_spec("fp8_decode.gate_up")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 1)
+    monkeypatch.setattr(worker, "_COMPILE_INPUTS", worker._CompileInputs())
+    monkeypatch.setattr(worker, "_yield_cpu", lambda: None)
+    burn = 0.2
+
+    def busy_run(inputs, config):  # the compile, as CPU work
+        t = time.process_time()
+        while time.process_time() - t < burn:
+            pass
+
+    monkeypatch.setattr(spec, "run", busy_run)
+    task = {"mode": "compile", "kernel": spec.name, "spec_module": "", "problem": problem, "config": {},
+            "seed": 0}
+    res = worker.handle(task, device_info())
+    assert res["status"] == "ok"
+    assert burn * 1e3 <= res["cpu_ms"] <= res["wall_ms"] * 1.05 + 5
+    monkeypatch.setattr(spec, "run", lambda inputs, config: time.sleep(burn))  # waiting, not computing
+    res = worker.handle(task, device_info())
+    assert res["wall_ms"] >= burn * 1e3 and res["cpu_ms"] < 0.5 * res["wall_ms"]
+    assert "cpu_ms" not in worker.handle({**task, "mode": "measure"}, device_info())

@@ -256,6 +256,11 @@ def sweep(
     if busy is not None and not interpreter:
         console.print(f"measuring workers busy {busy:.0%} of the time between their first task and the last "
                       "result" + (" (the rest waiting for compiles: compile-bound)" if busy < 0.85 else ""))
+    comp = sw.compiling() if hasattr(sw, "compiling") else None
+    if comp is not None and not interpreter:
+        busy = f"busy {comp['busy']:.0%} of the time, " if comp["busy"] is not None else ""
+        console.print(f"compile workers: {comp['tasks']} tasks, {busy}median task {comp['wall_s']:.2f} s, "
+                      f"CPU {comp['cpu_share']:.0%} of their wall time")
     steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
     console.print(f"start-up, s after planning began: {steps}")
     if sw.timed_out:
