@@ -117,6 +117,7 @@ def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[C
 
 
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
+BACKLOG = 64  # compiled candidates a GPU may have waiting before the pool takes no more
 class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
 
@@ -183,8 +184,19 @@ class LocalBackend:
         return self.device  # compile workers join as they come up (dozens import torch at once)
 
     def capacity(self) -> int:
-        """Tasks it could take now without any of them waiting for more than one other."""
-        return max(0, len(self.measurers) + len(self.compilers) - len(self._tasks))
+        """Tasks it could take now. Without compile workers, one per measuring worker not yet given one.
+        With them, one per compile worker with no binary to build (tasks sharing a binary count once: a
+        tile's SPLIT_K variants build one), so compiles run ahead of the GPUs, up to ``BACKLOG``
+        compiled candidates per GPU. Capping all tasks in flight at one per worker instead kept 30 compile
+        workers idle 75% of an exhaustive sweep on one H200: whenever cached binaries made the GPU the
+        bottleneck, the window filled with compiled candidates and nothing new could compile."""
+        if not self.compilers:
+            return max(0, len(self.measurers) - len(self._tasks))
+        if len(self._measure_q) >= BACKLOG * len(self.measurers):
+            return 0
+        bins = [self._bids[k] for k in self._compile_q] + [h.binary for h in self.compilers if h.busy]
+        pending = len({b for b in bins if b is not None}) + bins.count(None)  # None: a binary of its own
+        return max(0, len(self.compilers) - pending)
 
     def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
         self._tasks[key] = (task, label)

@@ -343,6 +343,33 @@ def test_pool_compiles_ahead_while_the_gpus_measure(tmp_path):
     assert (g0.task_key, g1.task_key, list(backend._measure_q)) == ("a", "c", [])
 
 
+def test_pool_takes_work_while_a_compile_worker_has_no_binary_to_build(tmp_path, monkeypatch):
+    """Compiles run ahead of the GPU: a free compile worker means room for another task, whatever
+    waits compiled; a tile's split-K variants (one binary) count once; a full backlog stops intake."""
+    spec = get_spec("fp8_decode.gate_up")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 4)
+    backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
+    g0, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("c0", 0), FakeHandle("c1", 0)
+    backend.measurers, backend.compilers = [g0], [c0, c1]
+
+    def task(bn, split):
+        return {"mode": "measure", "kernel": spec.name, "problem": problem,
+                "config": {"BLOCK_SIZE_N": bn, "SPLIT_K": split}}
+
+    assert backend.capacity() == 2
+    backend.submit("a", task(32, 1))
+    assert c0.task_key == "a" and backend.capacity() == 1
+    backend.submit("b", task(32, 2))  # the same binary as "a": waits for it, takes no compile slot
+    assert c1.task_key is None and backend.capacity() == 1
+    backend.submit("c", task(64, 1))
+    assert c1.task_key == "c" and backend.capacity() == 0
+    backend._measure_q.extend(f"done{i}" for i in range(10))  # compiled, waiting for the GPU
+    c0.task_key = c1.task_key = None  # both compiles done: room again, though ten wait compiled
+    assert backend.capacity() == 1  # "b" still to compile
+    monkeypatch.setattr(parallel, "BACKLOG", 10)
+    assert backend.capacity() == 0  # enough compiled work queued for the GPU
+
+
 def test_pool_compiles_guesses_only_on_idle_compile_workers(tmp_path):
     backend = LocalBackend([0], jobs=0, log_dir=tmp_path)
     g0, c0, c1 = FakeHandle("gpu0", 0), FakeHandle("c0", 0), FakeHandle("c1", 0)

@@ -142,6 +142,26 @@ def test_claims(tmp_path):
         assert not s.claim(POINT, {"x": 1}, ttl=60)  # stored: never measured again
 
 
+def test_a_claim_finds_its_candidate_by_index_in_old_stores_too(tmp_path):
+    """Whether a candidate is stored is an index lookup on (point, config), not a scan of its point:
+    an exhaustive sweep claims every one of 10^4 candidates at one point."""
+    path = tmp_path / "r.sqlite"
+    with Store(path) as s:
+        s.add(row({"x": 1}))
+    with sqlite3.connect(path) as conn:  # a store made before the index had the config column
+        conn.execute("DROP INDEX measurements_candidate")
+        conn.execute("CREATE INDEX measurements_point ON measurements (kernel, device_name, shape, tokens, "
+                     "routes, routing)")
+    with Store(path) as s:
+        where, params = s._where({**POINT, "config": {"x": 1}})
+        plan = " ".join(str(r) for r in s._conn.execute(
+            f"EXPLAIN QUERY PLAN SELECT 1 FROM measurements{where} LIMIT 1", params))
+        assert "measurements_candidate" in plan and "config=?" in plan
+        assert not s.claim(POINT, {"x": 1}, ttl=60) and s.claim(POINT, {"x": 2}, ttl=60)
+    names = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert "measurements_point" not in names
+
+
 def test_a_retry_claims_configs_stored_only_as_those_failures(tmp_path):
     with Store(tmp_path / "r.sqlite") as s:
         s.add(row({"x": 1}, status="crash"))

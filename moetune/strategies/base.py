@@ -125,3 +125,29 @@ class Strategy:
     def best(self) -> Observation | None:
         ok = [o for o in self.history if o.ok]
         return min(ok, key=lambda o: o.time_ms) if ok else None
+
+
+class FixedOrder(Strategy):
+    """A strategy that walks one order fixed at :meth:`start` (exhaustive, random): a cursor moves
+    through it, so each config is looked at once per search. Scanning from the top for every batch (as
+    :meth:`Strategy.fresh` does) made a 14304-candidate sweep's driver slower than its GPU: a
+    canonical JSON per candidate per batch, quadratic in the space."""
+
+    def set_order(self, configs: Sequence[Config], keys: Sequence[str] | None = None) -> None:
+        """The order to walk; ``keys``: the configs' canonical JSON when the caller has it."""
+        self._order = list(configs)
+        self._keys = list(keys) if keys is not None else [canonical_json(c) for c in self._order]
+        self._cursor = 0
+
+    def propose(self, n: int) -> list[Config]:
+        """The next ``n`` configs (within the budget) in the order not yet measured or proposed."""
+        assert self.ctx is not None, "start() first"
+        out: list[Config] = []
+        limit = min(n, self.budget_left())
+        while len(out) < limit and self._cursor < len(self._order):
+            k = self._keys[self._cursor]
+            if k not in self._seen:
+                out.append(self._order[self._cursor])
+                self._seen.add(k)
+            self._cursor += 1
+        return out

@@ -5,18 +5,16 @@ slower than it (most of a full space)."""
 
 from __future__ import annotations
 
-from ..spec import Config, canonical_json
-from .base import SearchContext, Strategy
+from ..spec import canonical_json
+from .base import FixedOrder, SearchContext
 
 
-class Exhaustive(Strategy):
+class Exhaustive(FixedOrder):
     name = "exhaustive"
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
-        keys = set(ctx.keys) if ctx.keys is not None else {canonical_json(c) for c in ctx.candidates}
-        self._order = [h for h in ctx.hints if canonical_json(h) in keys] + ctx.candidates
-
-    def propose(self, n: int) -> list[Config]:
-        assert self.ctx is not None, "start() first"
-        return self.fresh(self._order, n)
+        keys = ctx.keys if ctx.keys is not None else [canonical_json(c) for c in ctx.candidates]
+        known = set(keys)
+        hints = [(h, k) for h in ctx.hints if (k := canonical_json(h)) in known]
+        self.set_order([h for h, _ in hints] + list(ctx.candidates), [k for _, k in hints] + list(keys))

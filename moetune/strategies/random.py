@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import random
 
-from ..spec import Config
-from .base import SearchContext, Strategy
+from .base import FixedOrder, SearchContext
 
 
-class RandomSearch(Strategy):
+class RandomSearch(FixedOrder):
     name = "random"
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         rng = random.Random(f"{ctx.seed}:{ctx.problem.describe()}")
-        self._order = list(ctx.candidates)
-        rng.shuffle(self._order)
-
-    def propose(self, n: int) -> list[Config]:
-        return self.fresh(self._order, n)
+        order = list(range(len(ctx.candidates)))
+        rng.shuffle(order)
+        self.set_order([ctx.candidates[i] for i in order],
+                       [ctx.keys[i] for i in order] if ctx.keys is not None else None)
