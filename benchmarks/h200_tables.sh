@@ -6,7 +6,8 @@
 #
 # Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
-# first readings against a bench, `bench-off` benches partly active and skewed points).
+# first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
+# 1.5x midpoints the default density grids gained in session 10 for the two target shapes).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
@@ -39,6 +40,9 @@ for st in "${stages[@]}"; do
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing uniform,zipf:1.2 ;;
     gather)
       sweep -m deepseek-v4-flash --tp 2 -k gather_rows ;;
+    grid)  # the midpoints of the 1.5x density grid (session 10), for the issue's two target shapes
+      sweep -m deepseek-v3 --tp 8 -k fp8_decode --tokens 3,6,12,24,48,96,192 --active 1
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routes 1152,2304,4608,9216,18432,36864,73728 ;;
     more)  # the rest of the model list (session 6 swept each of these once, active fraction 1)
       sweep -m deepseek-v3 --tp 1 -k fp8_decode --active 1
       sweep -m kimi-k2 --tp 8 -k fp8_decode --active 1
@@ -73,13 +77,14 @@ for st in "${stages[@]}"; do
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,4,16,64 --active 0.5,0.25 \
         --csv "$OUT/bench_fp8_active.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2 --csv "$OUT/bench_fp4_zipf.csv" ;;
-    picker)  # densities the tables do not hold: the picker's choice against a direct sweep there
+    picker)  # densities the tables do not hold (off the 1.5x grid): the picker's choice against a direct
+      # sweep there (BUDGET=100 makes a reference worth comparing with; session 3's 16 was not)
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --active 1
+        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --active 1
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608
-      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 3,12,48 --csv "$OUT/picker_fp8.csv"
-      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 4608 --csv "$OUT/picker_fp4.csv" ;;
+        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --csv "$OUT/picker_fp8.csv"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456 --csv "$OUT/picker_fp4.csv" ;;
     pack)
       python - "$OUT" "$DB" <<'PY'
 import sqlite3, sys

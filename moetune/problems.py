@@ -16,9 +16,13 @@ from .models import get_model
 from .routing import load_trace, parse_routing
 from .spec import KernelSpec, Problem, all_specs, get_spec
 
-DECODE_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Densities at most 1.5x apart: the picker serves a density between two table entries with the nearer
+# one's config, and on an H200 the best config moved enough between power-of-two entries that the pick
+# read 1.10-1.12x a direct sweep's best at 3 / 12 / 48 tokens and 4608 routes (results/README.md).
+DECODE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DECODE_ACTIVE = (1.0, 0.5, 0.25)
-PREFILL_ROUTES = (768, 1536, 3072, 6144, 12288, 24576, 49152, 98304)
+PREFILL_ROUTES = (768, 1152, 1536, 2304, 3072, 4608, 6144, 9216, 12288, 18432, 24576, 36864, 49152, 73728,
+                  98304)
 # The Triton interpreter runs a tiny problem in seconds and a real one in hours.
 INTERPRETER_MODEL = "tiny"
 INTERPRETER_TOKENS = (1, 4)

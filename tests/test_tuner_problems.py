@@ -4,7 +4,14 @@ import numpy as np
 import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
-from moetune.problems import DECODE_ACTIVE, PREFILL_ROUTES, build_plan, parse_shape, resolve_kernels
+from moetune.problems import (
+    DECODE_ACTIVE,
+    DECODE_TOKENS,
+    PREFILL_ROUTES,
+    build_plan,
+    parse_shape,
+    resolve_kernels,
+)
 from moetune.spec import all_specs
 
 GPU = DeviceInfo("NVIDIA H200", "sm_90", 132, 232448, 60 * 2**20, True)
@@ -33,6 +40,13 @@ def test_resolve_kernels_by_family_and_format():
         resolve_kernels(["nope"])
     with pytest.raises(ValueError, match="no kernel serves"):
         resolve_kernels([], "int3")
+
+
+def test_default_grids_leave_no_density_far_from_a_table_entry():
+    """Tables from the default grids put every density within 1.5x of an entry."""
+    for grid in (DECODE_TOKENS, PREFILL_ROUTES):
+        assert list(grid) == sorted(set(grid))
+        assert max(b / a for a, b in zip(grid, grid[1:], strict=False)) <= 1.5
 
 
 def test_gpu_defaults_decode_and_prefill_grids():
