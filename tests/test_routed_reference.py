@@ -21,7 +21,11 @@ def _weights(kind, e, n, k):
 
 @pytest.mark.parametrize("kind", ["fp8", "fp4"])
 @pytest.mark.parametrize("row_div", [1, 2])
-def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, kind, row_div):
+@pytest.mark.parametrize(("small", "chunks"), [(16, [2, 2]), (1, [2, 1, 1])])
+def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, kind, row_div, small, chunks):
+    """Experts with few rows share a padded batched matmul, the others get their own (``small``: where
+    the line is; 1 puts experts 0, 3 and 5 on their own and expert 1 in a batch)."""
+    monkeypatch.setattr(R, "SMALL", small)
     e, n, k, routes = 6, 48, 160 if kind == "fp8" else 128, 10
     weights, dequant = _weights(kind, e, n, k)
     ids = torch.tensor([3, -1, 0, 3, 5, 5, -1, 1, 3, 0])  # repeats, gaps (experts 2 and 4), inactive routes
@@ -41,7 +45,8 @@ def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, ki
 
     chunked = R.routed_matmul(a, ids, row_div, {**weights, R.DQ_KEY: None}, counting, n)  # no fp32 copy
     assert torch.allclose(cached, expect, atol=1e-4) and torch.allclose(chunked, expect, atol=1e-4)
-    assert calls == [2, 2]  # the 4 routed experts (0, 1, 3, 5), two at a time; experts 2 and 4 never read
+    assert not cached[ids < 0].any() and not chunked[ids < 0].any()
+    assert calls == chunks  # the 4 routed experts (0, 1, 3, 5), two at a time; experts 2 and 4 never read
 
 
 def test_fp4_reference_inputs_are_exact_in_tf32():
