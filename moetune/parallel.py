@@ -118,6 +118,8 @@ def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[C
 
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
 BACKLOG = 64  # compiled candidates a GPU may have waiting before the pool takes no more
+
+
 class LocalBackend:
     """One measuring worker process per device index of this host, fed from one queue.
 
@@ -187,9 +189,9 @@ class LocalBackend:
         """Tasks it could take now. Without compile workers, one per measuring worker not yet given one.
         With them, one per compile worker with no binary to build (tasks sharing a binary count once: a
         tile's SPLIT_K variants build one), so compiles run ahead of the GPUs, up to ``BACKLOG``
-        compiled candidates per GPU. Capping all tasks in flight at one per worker instead kept 30 compile
-        workers idle 75% of an exhaustive sweep on one H200: whenever cached binaries made the GPU the
-        bottleneck, the window filled with compiled candidates and nothing new could compile."""
+        compiled candidates per GPU. Capping all tasks in flight at one per worker instead idled the
+        compile workers whenever cached binaries made the GPU the bottleneck: the window filled with
+        compiled candidates waiting for it, and what came next could not start compiling."""
         if not self.compilers:
             return max(0, len(self.measurers) - len(self._tasks))
         if len(self._measure_q) >= BACKLOG * len(self.measurers):
