@@ -7,7 +7,8 @@
 # Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
-# 1.5x midpoints the default density grids gained in session 10 for the two target shapes).
+# 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
+# times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
@@ -40,6 +41,11 @@ for st in "${stages[@]}"; do
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing uniform,zipf:1.2 ;;
     gather)
       sweep -m deepseek-v4-flash --tp 2 -k gather_rows ;;
+    exhaustive)  # issue 3: DeepSeek-V3 TP8 gate/up at 16 tokens, every candidate, cold cache, one GPU
+      TRITON_CACHE_DIR=$(mktemp -d) /usr/bin/time -v python -m moetune sweep -m deepseek-v3 --tp 8 \
+        -k fp8_decode.gate_up --tokens 16 --active 1 --strategy exhaustive --gpus 0 \
+        --db "$OUT/exhaustive.sqlite" --time-limit "$LIMIT" --quiet 2>&1 | tee "$OUT/exhaustive.log" \
+        | grep -v '[│┃┏┡└]' ;;
     grid)  # the midpoints of the 1.5x density grid (session 10), for the issue's two target shapes
       sweep -m deepseek-v3 --tp 8 -k fp8_decode --tokens 3,6,12,24,48,96,192 --active 1
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routes 1152,2304,4608,9216,18432,36864,73728 ;;
