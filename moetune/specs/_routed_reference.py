@@ -3,8 +3,8 @@
 A sweep checks thousands of candidates against the same expert weights (the tuner's weight pool
 reuses them across candidates and densities), so the dequantized fp32 copy is kept with the weights
 when it fits in a quarter of the device's free memory; otherwise the routed experts are dequantized
-on the fly, a chunk of experts per call. Either way only one host sync is made (the per-expert route
-counts), not one per expert.
+on the fly, a chunk of experts per call. Either way the host waits on the device once for the
+per-expert route counts, and once per chunk of few-row experts for their row indices, never per expert.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def routed_matmul(a: torch.Tensor, ids: torch.Tensor, row_div: int, weights: dic
             batch = torch.repeat_interleave(torch.arange(len(groups)), cnt)
             slot = torch.arange(int(cnt.sum())) - torch.repeat_interleave(cnt.cumsum(0) - cnt, cnt)
             at = torch.repeat_interleave(torch.tensor([starts[g] for g in groups]), cnt) + slot
-            batch, slot, at = (t.to(a.device) for t in (batch, slot, at))
+            batch, slot, at = torch.stack([batch, slot, at]).to(a.device)  # one copy to the device
             padded = rows.new_zeros(len(groups), int(cnt.max()), rows.shape[1])
             padded[batch, slot] = rows[at]
             sorted_out[at] = torch.bmm(padded, block.transpose(1, 2))[batch, slot]
