@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Re-export the committed sm_90 tables (configs/) from every committed H200 store, plus any stores given
+# as arguments (a new sweep's), pooled per kernel family:
+#
+#   bash benchmarks/export_tables.sh [extra.sqlite ...]
+#
+# Each extra store is offered to all three families; `moetune export` takes only the rows of the family
+# it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
+# 6, 7, 9 and 10), so a store added there belongs here too. Run from the repository root.
+set -eu
+H=results/h200_tables
+fp8=(
+  $H/fp8_decode_deepseek-v3_tp8.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_s4.sqlite
+  $H/fp8_decode_qwen3-30b-tp1_kimi-k2-tp8_s4.sqlite
+  results/reference/reference.csv.gz
+  $H/fp8_decode_qwen3-235b-tp4_s6.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_s6.sqlite
+  $H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_gate_up_s6_standin.sqlite
+  $H/fp8_decode_active_s7.sqlite
+  $H/fp8_decode_deepseek-v3-tp1_active_s9.sqlite
+  $H/picker_direct_s10.sqlite
+)
+fp4=(
+  $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
+  results/reference/reference.csv.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_s6.sqlite
+  $H/fp4_prefill_deepseek-v4-flash-tp1_gpt-oss-120b_s6.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_recheck.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_standin.sqlite
+  $H/fp4_prefill_gpt-oss-120b_gate_up_s6_recheck.sqlite
+  $H/fp4_prefill_gpt-oss-120b_down_s6_recheck.sqlite
+  $H/fp4_prefill_zipf_s7.sqlite
+  $H/fp4_prefill_retime_s7.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_s10.sqlite
+  $H/picker_direct_s10.sqlite
+)
+gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
+
+dbs() { for f in "$@"; do printf -- '--db\n%s\n' "$f"; done; }
+export_family() {
+  local family=$1; shift
+  mapfile -t args < <(dbs "$@")
+  python -m moetune export --kernel "$family" "${args[@]}" --out configs
+}
+export_family fp8_decode "${fp8[@]}" "$@"
+export_family fp4_prefill "${fp4[@]}" "$@"
+export_family gather_rows "${gather[@]}" "$@"
+python -m moetune verify configs/ --schema-only
