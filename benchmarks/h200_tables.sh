@@ -4,11 +4,12 @@
 #
 #   OUT=/tmp/out bash benchmarks/h200_tables.sh [stage ...]
 #
-# Stages (default: fp8 fp4 gather export bench picker pack; `more` sweeps the rest of the model list,
+# Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
-# times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0).
+# times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `direct` sweeps densities
+# off the tables' grid and `picker` benches the tables' choice there).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
@@ -31,7 +32,7 @@ sweep() { mt sweep --db "$DB" --budget "$BUDGET" ${GPUS:+--gpus "$GPUS"} --time-
 stamp() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$OUT/stages.log"; }
 
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(fp8 fp4 gather export bench picker pack)
+[ ${#stages[@]} -eq 0 ] && stages=(fp8 fp4 gather export bench direct picker pack)
 for st in "${stages[@]}"; do
   stamp "start $st"
   case $st in
@@ -83,12 +84,13 @@ for st in "${stages[@]}"; do
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,4,16,64 --active 0.5,0.25 \
         --csv "$OUT/bench_fp8_active.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2 --csv "$OUT/bench_fp4_zipf.csv" ;;
-    picker)  # densities the tables do not hold (off the 1.5x grid): the picker's choice against a direct
-      # sweep there (BUDGET=100 makes a reference worth comparing with; session 3's 16 was not)
+    direct)  # direct sweeps at densities the tables do not hold (off the 1.5x grid), the picker check's
+      # reference (BUDGET=100 makes one worth comparing with; session 3's 16 was not)
       DB=$OUT/direct.sqlite sweep \
         -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --active 1
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456
+        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456 ;;
+    picker)  # the picker's choice at those densities, benched (set against `direct`'s best afterwards)
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --csv "$OUT/picker_fp8.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456 --csv "$OUT/picker_fp4.csv" ;;
     pack)
