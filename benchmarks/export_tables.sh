@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9 and 10), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10 and 11), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -21,6 +21,7 @@ fp8=(
   $H/fp8_decode_active_s7.sqlite
   $H/fp8_decode_deepseek-v3-tp1_active_s9.sqlite
   $H/picker_direct_s10.sqlite
+  $H/grid_s11.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
@@ -35,6 +36,7 @@ fp4=(
   $H/fp4_prefill_retime_s7.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_s10.sqlite
   $H/picker_direct_s10.sqlite
+  $H/grid_s11.sqlite
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 
