@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..activations import ACTIVATIONS, gated_activation
 from ..device import interpreter_active
@@ -55,7 +56,8 @@ SCALE_BLOCK = 128
 ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
-    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "num_warps": 4, "num_stages": 1,
+    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "W_TMA": 0, "num_warps": 4,
+    "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -221,12 +223,12 @@ def _dot_two_terms(w, hi, lo, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr):
 
 @triton.jit
 def _block_tile(
-    a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, e, rows, row_mask, offs_n, n_mask, pid_k, N, K,
+    a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, e, rows, row_mask, n0, offs_n, n_mask, pid_k, N, K,
     A_ROW_DIV: tl.constexpr, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk,
     stride_se, stride_sn, stride_sk, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr, SPLIT_ITERS, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
-    A_FP8: tl.constexpr,
+    A_FP8: tl.constexpr, W_TMA: tl.constexpr,
 ):
     """One expert's block of routes (``rows``) x one N tile over one K split, via tl.dot: the fp8 weights
     convert exactly to the activation dtype and each 128-K partial is scaled per column. SWAP_AB computes
@@ -238,13 +240,18 @@ def _block_tile(
 
     A_FP8 2 reads those terms from ``split_fp8_rows``' output instead: ``a_ptr`` is the hi term, ``lo_ptr``
     the lo term (a's strides), ``sa_ptr`` the per-chunk scales [rows, chunks]; no quantization here, the
-    same dots and scaling. ``lo_ptr``, ``sa_ptr`` and their strides are unused in modes 0 and 1."""
+    same dots and scaling. ``lo_ptr``, ``sa_ptr`` and their strides are unused in modes 0 and 1.
+
+    W_TMA (A_FP8 modes only): ``w_ptr`` is a tensor descriptor of the weights [E, N, K] with block
+    [1, BLOCK_SIZE_N, 128], and each weight tile arrives by one TMA copy (zeros past N and K) instead of
+    per-thread loads; ``n0`` is the tile's first column."""
     e64 = e.to(tl.int64)
     a_rows = a_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_am
     if A_FP8 == 2:
         lo_rows = lo_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_am
         sa_rows = sa_ptr + (rows // A_ROW_DIV).to(tl.int64) * stride_sam
-    w_base = w_ptr + e64 * stride_we + offs_n.to(tl.int64) * stride_wn
+    if not W_TMA:
+        w_base = w_ptr + e64 * stride_we + offs_n.to(tl.int64) * stride_wn
     s_cols = s_ptr + e64 * stride_se + (offs_n // 128) * stride_sn
     k_start = pid_k * SPLIT_ITERS * BLOCK_SIZE_K
     k_end = tl.minimum(K, k_start + SPLIT_ITERS * BLOCK_SIZE_K)
@@ -285,13 +292,19 @@ def _block_tile(
                     if SWAP_AB:
                         hi = tl.trans(hi)
                         lo = tl.trans(lo)
-                if SWAP_AB:
+                if W_TMA:
+                    w = w_ptr.load([e, n0, kb]).reshape(BLOCK_SIZE_N, 128)
+                    if not SWAP_AB:
+                        w = tl.trans(w)
+                elif SWAP_AB:
                     w = tl.load(w_base[:, None] + offs_k[None, :] * stride_wk,
                                 mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                    acc += _dot_two_terms(w, hi, lo, True, DOT_FP32) * s[:, None] * sa[None, :]
                 else:
                     w = tl.load(w_base[None, :] + offs_k[:, None] * stride_wk,
                                 mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                if SWAP_AB:
+                    acc += _dot_two_terms(w, hi, lo, True, DOT_FP32) * s[:, None] * sa[None, :]
+                else:
                     acc += _dot_two_terms(w, hi, lo, False, DOT_FP32) * sa[:, None] * s[None, :]
             elif SWAP_AB:
                 a = tl.load(a_rows[None, :] + offs_k[:, None] * stride_ak,
@@ -342,7 +355,7 @@ def _grouped_gemm_kernel(
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr, SPLIT_ITERS, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
-    A_FP8: tl.constexpr, PDL: tl.constexpr,
+    A_FP8: tl.constexpr, W_TMA: tl.constexpr, PDL: tl.constexpr,
 ):
     """Expert-grouped product: program (m, n tile, K split) takes M block m of ``align_routes``' sorted
     route ids (NUM_BLOCKS blocks); blocks past the used ones exit at once, and programs past NUM_BLOCKS
@@ -362,10 +375,11 @@ def _grouped_gemm_kernel(
     if e < 0:  # beyond the blocks this routing uses
         return
     rows = tl.load(sorted_ptr + pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M))
-    _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, rows, rows < R, offs_n, n_mask,
-                pid_k, N, K, A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn,
-                stride_wk, stride_se, stride_sn, stride_sk, stride_om, APPLY_WEIGHT, BLOCK_SIZE_M,
-                BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, SWAP_AB, DOT_FP32, A_FP8)
+    _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, rows, rows < R,
+                pid_n * BLOCK_SIZE_N, offs_n, n_mask, pid_k, N, K, A_ROW_DIV, stride_am, stride_ak,
+                stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                stride_om, APPLY_WEIGHT, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, SWAP_AB,
+                DOT_FP32, A_FP8, W_TMA)
 
 
 @triton.jit(do_not_specialize=["SPLIT_ITERS"])
@@ -374,7 +388,7 @@ def _route_dot_kernel(
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_ITERS, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, W_TMA: tl.constexpr, PDL: tl.constexpr,
 ):
     """The route grid on tensor cores (A_FP8 1 or 2): program (route, N tile, K split) runs ``_block_tile``
     with its one route in column 0 of a 16-wide block (the other columns masked off: MMA work is free at
@@ -393,9 +407,10 @@ def _route_dot_kernel(
         return
     lanes = tl.arange(0, 16)
     _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, r + lanes * 0, lanes == 0,
-                offs_n, n_mask, pid_k, N, K, A_ROW_DIV, stride_am, stride_ak, stride_sam, stride_sac,
-                stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_om, APPLY_WEIGHT,
-                16, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, True, DOT_FP32, A_FP8)
+                pid_n * BLOCK_SIZE_N, offs_n, n_mask, pid_k, N, K, A_ROW_DIV, stride_am, stride_ak,
+                stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                stride_om, APPLY_WEIGHT, 16, BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, True, DOT_FP32, A_FP8,
+                W_TMA)
 
 
 @triton.jit
@@ -628,6 +643,9 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
          and (cfg["PREFETCH"] == 0 or (cfg["ALGO"] == "route" and cfg["A_FP8"] == 0 and cfg["FUSE"] == 0
                                        and cfg["BLOCK_SIZE_K"] == SCALE_BLOCK)),
          "0 or 1 (1 only for the W8A16 GEMV: ALGO 'route', A_FP8 0, FUSE 0, BLOCK_SIZE_K 128)"),
+        ("W_TMA", cfg["W_TMA"] in (0, 1) and not isinstance(cfg["W_TMA"], bool)
+         and (cfg["W_TMA"] == 0 or cfg["A_FP8"] in (1, 2)),
+         "0 or 1 (1 only with A_FP8 1 or 2: the tensor-core paths)"),
         ("FUSE", cfg["FUSE"] in (0, 1) and not isinstance(cfg["FUSE"], bool)
          and (cfg["FUSE"] == 0 or (cfg["ALGO"] == "route" and cfg["SPLIT_K"] == 1 and cfg["A_FP8"] == 0)),
          "0 or 1 (1 only for ALGO 'route' with SPLIT_K 1 and A_FP8 0)"),
@@ -742,6 +760,15 @@ def split_fp8_rows(a: torch.Tensor, out: SplitRows | None = None, *, pdl: bool =
     return hi, lo, sa
 
 
+def _weight_descriptor(w: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """W_TMA's descriptor of the expert weights [E, N, K], one [1, block_n, 128] tile per copy; ValueError
+    where TMA cannot address them (it needs unit stride along K, 16-byte aligned strides and base)."""
+    if w.stride(2) != 1 or any(st % 16 for st in w.stride()[:2]) or w.data_ptr() % 16:
+        raise ValueError(f"config['W_TMA'] 1 needs weights with unit stride along K and 16-byte aligned "
+                         f"strides and base, got strides {w.stride()}")
+    return TensorDescriptor(w, list(w.shape), list(w.stride()), [1, block_n, SCALE_BLOCK])
+
+
 def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk_ids: torch.Tensor,
                    out: torch.Tensor, config: Mapping[str, Any], *, a_row_div: int = 1,
                    topk_weights: torch.Tensor | None = None,
@@ -785,6 +812,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     w_strides = (*w.stride(), *w_scale.stride(), parts.stride(0), parts.stride(1))
     n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
     a_mode = cfg["A_FP8"]
+    w_arg = _weight_descriptor(w, cfg["BLOCK_SIZE_N"]) if cfg["W_TMA"] else w
     if a_mode == 2:  # the tl.dot kernels read the hi term as their A operand, lo and sa beside it
         hi, lo, sa = a_split if a_split is not None else split_fp8_rows(a, pdl=pdl)
         a_args = (hi, lo, sa)
@@ -800,8 +828,8 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     if cfg["ALGO"] == "route":
         if a_mode:
             _route_dot_kernel[(routes, n_tiles, split)](
-                *a_args, w, w_scale, ids, rw, parts, n, k, a_row_div, *a_strides, *w_strides,
-                DOT_FP32=dot_fp32, A_FP8=a_mode, **common)
+                *a_args, w_arg, w_scale, ids, rw, parts, n, k, a_row_div, *a_strides, *w_strides,
+                DOT_FP32=dot_fp32, A_FP8=a_mode, W_TMA=bool(cfg["W_TMA"]), **common)
         else:
             _route_gemm_kernel[(routes, n_tiles, split)](
                 a, w, w_scale, ids, rw, parts, n, k, a_row_div, a.stride(0), a.stride(1), *w_strides,
@@ -813,9 +841,9 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     nb = block_expert.numel()
     zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"])
     _grouped_gemm_kernel[(nb + zero_programs, n_tiles, split)](
-        *a_args, w, w_scale, ids, sorted_ids, block_expert, rw, parts, n, k, routes, nb, a_row_div,
+        *a_args, w_arg, w_scale, ids, sorted_ids, block_expert, rw, parts, n, k, routes, nb, a_row_div,
         *a_strides, *w_strides, BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], SWAP_AB=bool(cfg["SWAP_AB"]),
-        DOT_FP32=dot_fp32, A_FP8=a_mode, **common)
+        DOT_FP32=dot_fp32, A_FP8=a_mode, W_TMA=bool(cfg["W_TMA"]), **common)
     return out
 
 
