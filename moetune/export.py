@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import tables
+from . import picker, tables
 from .spec import KernelSpec, canonical_json, get_spec
 
 
@@ -343,5 +343,6 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = "configs", *
         doc = _arch_table(docs, arch_device)
         if doc is not None:
             _write(tables.table_path(out, arch, kernel, doc["shape"]), doc, result)
+    picker.clear_cache()  # this process's picker must not answer from the tables it read before
     return result
 

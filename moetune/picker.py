@@ -143,6 +143,23 @@ def _pick(kernel: str, shape_items: tuple, routes: int, device: DeviceInfo | str
     return Pick(MappingProxyType(dict(lk.spec.heuristic(lk.shape, routes, lk.arch))), "heuristic")
 
 
+def table_neighbours(kernel: str, shape: Mapping[str, Any], routes: int, *, device: DeviceInfo) -> list[dict]:
+    """The configs of the table entries nearest to ``routes`` on either side in density (the ones the
+    picker chooses between around it), nearest first, from the first table that has entries; [] when
+    none does. A sweep measures them first (warm starts), so a new entry is never worse than them."""
+    lk = _lookup(kernel, tuple(shape.items()), device, None)
+    if not lk.tables:
+        return []
+    table = lk.tables[0][2]
+    x = math.log(routes / lk.shape["E"]) if routes > 0 else -math.inf
+    below = [i for i, d in enumerate(table["_logd"]) if d <= x]
+    above = [i for i, d in enumerate(table["_logd"]) if d > x]
+    sides = [max(below, key=lambda i: table["_logd"][i]) if below else None,
+             min(above, key=lambda i: table["_logd"][i]) if above else None]
+    sides = sorted((i for i in sides if i is not None), key=lambda i: abs(table["_logd"][i] - x))
+    return [dict(table["entries"][i]["config"]) for i in sides]
+
+
 def _candidate_paths(root: Path, arch: str, kernel: str, shape: dict, name: str):
     try:
         if name:

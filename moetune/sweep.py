@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .device import DeviceInfo
+from .picker import table_neighbours
 from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 from .store import Store
@@ -236,8 +237,9 @@ class Sweep:
     def _hints(self, i: int) -> list[Config]:
         """Warm starts: the spec's heuristic for this point (so a table never loses to the fallback it
         replaces for want of measuring it), the best configs the other ops of its kernel path found
-        at the same routes, then the best configs found so far for the same op and shape at other
-        densities, nearest density first."""
+        at the same routes, the configs of the tables' entries on either side of this density (what
+        the picker runs here today), then the best configs found so far for the same op and shape at
+        other densities, nearest density first."""
         me = self.points[i]
         mp = me.problem
         near = [pt for pt in self.points[:i] if pt.problem.kernel == mp.kernel
@@ -247,7 +249,10 @@ class Sweep:
                     and pt.problem.kernel != mp.kernel and family(pt.problem.kernel) == family(mp.kernel)
                     and (pt.problem.tokens, pt.problem.routes, pt.problem.active_fraction, pt.problem.routing)
                     == (mp.tokens, mp.routes, mp.active_fraction, mp.routing)]
-        hints = [c for c in siblings if canonical_json(c) in me.keys] + [pt.best.config for pt in near]
+        tabled = [full_config(me.spec, c) for c in table_neighbours(mp.kernel, mp.shape, mp.routes,
+                                                                      device=self.device)]
+        hints = [c for c in siblings + tabled if canonical_json(c) in me.keys]
+        hints += [pt.best.config for pt in near]
         heuristic = full_config(me.spec, me.spec.heuristic(me.problem.shape, me.problem.routes,
                                                            self.device.arch))
         if canonical_json(heuristic) in me.keys:

@@ -53,3 +53,13 @@ def test_sweep_export_verify_pick_round_trip(dirs):
     for routes, e in ((2, doc["entries"][0]), (16, doc["entries"][1])):  # each entry's own point
         p = picker.pick_config_with_source(KERNEL, SHAPE, routes, device=INTERPRETER)
         assert (p.source, dict(p.config), p.density_key) == ("device", e["config"], e["density"])
+
+    # a later sweep between those densities starts from the tables' entries on either side of it
+    sweep = Sweep(Store(dirs / "next.sqlite"), Runner(timeout=120, jobs=0))
+    sweep.plan([spec.problem(SHAPE, 3)], INTERPRETER)  # density 1.5
+    hints = [canonical_json(c) for c in sweep._hints(0)]
+    assert picker.table_neighbours(KERNEL, SHAPE, 6, device=INTERPRETER) == [e["config"] for e in
+                                                                             doc["entries"][::-1]]
+    tabled = {canonical_json(e["config"]) for e in doc["entries"]} & sweep.points[0].keys  # candidates here
+    assert tabled and tabled <= set(hints)
+    sweep.store.close()

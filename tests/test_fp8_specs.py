@@ -147,8 +147,8 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
 
 def test_every_split_k_of_a_tile_runs_one_binary():
     """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized,
-    as the K blocks each split takes: a full space's 14304 gate/up configs (DeepSeek-V3 TP8) need 3015
-    binaries, not 14304. The sm_90 code divides nothing per program for it, nor for the activation row
+    as the K blocks each split takes: a full space's 24162 gate/up configs (DeepSeek-V3 TP8) need 5094
+    binaries, not 24162. The sm_90 code divides nothing per program for it, nor for the activation row
     (A_ROW_DIV is a constexpr; compiled here without a GPU): down's default tile runs many short
     programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
     from sm90_compile import compile_sm90, param_flags
@@ -197,3 +197,16 @@ def test_rows_of_gemv_configs_that_differ_only_in_num_stages_export_as_one(tmp_p
     # the two readings pool under num_stages 1; export keeps the faster
     assert entry["config"] == {**gemv, "num_stages": 1} and entry["time_ms"] == pytest.approx(0.0074)
     assert [f for f in verify([tmp_path / "configs"], schema_only=True)[1] if f.level == "error"] == []
+
+
+def test_w_tma_only_where_tma_can_address_the_weights():
+    """W_TMA needs the tensor-core paths (check_config) and weight rows of a multiple of 16 bytes."""
+    spec = get_spec("fp8_decode.gate_up")
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3, "W_TMA": 1}
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    assert spec.constraint(tile, spec.problem(shape, tokens=16), H200) is None
+    odd = spec.problem({**shape, "K": 7160 + 4}, tokens=16)
+    assert "W_TMA" in spec.constraint(tile, odd, H200)
+    assert spec.constraint({**tile, "W_TMA": 0}, odd, H200) is None
+    with pytest.raises(ValueError, match="W_TMA"):
+        spec.check_config({**tile, "A_FP8": 0})

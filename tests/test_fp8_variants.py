@@ -319,3 +319,44 @@ def test_prefetch_changes_the_schedule_not_the_sums(split):
 def test_prefetch_only_for_the_w8a16_gemv_at_128_k(bad):
     with pytest.raises(ValueError, match="PREFETCH"):
         F.check_gemm_config({"ALGO": "route", "BLOCK_SIZE_K": 128, "PREFETCH": 1, **bad})
+
+
+# ---- W_TMA: weight tiles by TMA copies (the interpreter emulates the descriptor loads) -----------
+TMA_VARIANTS = {
+    "route-a82-split": {"gate_up": {**A82_ROUTE, "BLOCK_SIZE_N": 64, "SPLIT_K": 2, "W_TMA": 1},
+                        "down": {**A82_ROUTE, "BLOCK_SIZE_N": 64, "W_TMA": 1}},
+    "grouped-a82-swap": {"gate_up": {**A82_GROUPED, "SWAP_AB": 1, "W_TMA": 1},
+                         "down": {**A82_GROUPED, "BLOCK_SIZE_N": 32, "SWAP_AB": 1, "W_TMA": 1}},
+    "grouped-a8": {"gate_up": {**A8_GROUPED, "BLOCK_SIZE_K": 256, "W_TMA": 1},
+                   "down": {**A8_GROUPED, "BLOCK_SIZE_N": 64, "W_TMA": 1}},
+}
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN slice")
+@pytest.mark.parametrize("name", TMA_VARIANTS)
+def test_w_tma_matches_reference_partial_tiles_and_inactive_routes(name):
+    """H 304, I 208: TMA-aligned rows (multiples of 16 bytes) but partial N and K tiles, whose copies read
+    zeros past the expert's last row and column instead of the next expert's; NaN-poisoned unused experts
+    must not be read."""
+    args = make_layer(M=3, H=304, I=208, E=5, top_k=3, seed=16)
+    ids = args[6]
+    ids[0, 1:] = -1
+    args[5][ids < 0] = 0.0
+    ref = F.fp8_decode_moe_reference(*args)
+    out = F.fp8_decode_moe(*poison_unused(args), config=TMA_VARIANTS[name])
+    assert rel_err(out, ref) < TOL
+
+
+def test_w_tma_refuses_what_tma_cannot_address():
+    args = make_layer(M=1, H=256, I=128, E=2, top_k=1, seed=17)
+    with pytest.raises(ValueError, match="W_TMA"):  # the W8A16 GEMV has no tile copies to replace
+        F.fp8_decode_moe(*args, config={"gate_up": {"W_TMA": 1}})
+    x, w13, s13, *_, ids = args
+    out = torch.empty(1, 256)
+    wide = torch.empty(2, 256, 512, dtype=w13.dtype)
+    wide[:, :, ::2] = w13
+    with pytest.raises(ValueError, match="W_TMA.*unit stride"):  # K-strided weights
+        F.fp8_block_gemm(x, wide[:, :, ::2], s13, ids, out, A82_ROUTE | {"W_TMA": 1})
+    odd = make_layer(M=1, H=296, I=128, E=2, top_k=1, seed=17)  # rows of 296 bytes: not 16-aligned
+    with pytest.raises(ValueError, match="W_TMA"):
+        F.fp8_block_gemm(odd[0], odd[1], odd[2], odd[6], torch.empty(1, 256), A82_ROUTE | {"W_TMA": 1})

@@ -49,6 +49,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "SWAP_AB": [0, 1],
         "A_FP8": [0, 1, 2],
         "PREFETCH": [0, 1],
+        "W_TMA": [0, 1],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -118,6 +119,8 @@ class _Fp8DecodeGemm(KernelSpec):
             # Triton pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the same sm_90
             # binary for every num_stages here (tests/test_fp8_specs.py compiles them to check)
             return "num_stages does not change the W8A16 GEMV (no tl.dot to pipeline); it keeps 1"
+        if cfg["W_TMA"] and k % 16:  # its row stride, in fp8 bytes
+            return f"W_TMA: TMA needs 16-byte aligned weight rows, K {k} is not a multiple of 16"
         if bn > max(16, _next_pow2(n)):
             return f"BLOCK_SIZE_N {bn} is wider than N {n}"
         if bk > max(128, _next_pow2(k)):
