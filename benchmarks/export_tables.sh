@@ -22,6 +22,7 @@ fp8=(
   $H/fp8_decode_deepseek-v3-tp1_active_s9.sqlite
   $H/picker_direct_s10.sqlite
   $H/grid_s11.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_tma_s11.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
