@@ -19,7 +19,7 @@ KERNELS = {  # kernel: (pointer and float argument types, constexprs)
                               "out_ptr": F32},
                              {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
                               "BLOCK_SIZE_K": 128, "SWAP_AB": True, "DOT_FP32": False,
-                              "A_FP8": 2}),
+                              "A_FP8": 2, "W_TMA": False}),
     "_split_rows_kernel": ({"a_ptr": BF, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32}, {"CHUNKS": 8}),
     "_align_sort_kernel": ({"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "shift_ptr": I32},
                            {"BLOCK_SIZE_M": 16, "R_P2": 64, "BINS": 512, "FILL": 1024}),
