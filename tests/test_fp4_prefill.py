@@ -48,6 +48,9 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     # halves: even-k and odd-k codes dotted apart (K tail of 32 in both GEMMs: 160 and 96)
     (_cfg(16, 64, 128, "fp8", "halves"), _cfg(32, 64, 64, "f16", "halves", SWAP_AB=1)),
     (_cfg(32, 32, 64, "fp8_row", "halves", SWAP_AB=1), _cfg(16, 128, 256, "bf16", "halves")),
+    # W_TMA: packed weight tiles by TMA copies, zeros past N and K (partial tiles in both GEMMs)
+    (_cfg(16, 64, 128, "fp8", "halves", SWAP_AB=1, W_TMA=1), _cfg(32, 64, 64, "fp8_row", W_TMA=1)),
+    (_cfg(64, 128, 64, "bf16", "asm", W_TMA=1), _cfg(16, 32, 128, "f16", "asm16", SWAP_AB=1, W_TMA=1)),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):
     args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)
@@ -91,6 +94,9 @@ def test_inactive_routes_read_nothing(device):
         s[4:] = 255
     cfg = _cfg(16, 64, 64)
     out = fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, config={"gate_up": cfg, "down": dict(cfg)})
+    assert _rel(out, clean) < 1e-2
+    tma = _cfg(16, 64, 64, "fp8", W_TMA=1)
+    out = fp4_prefill_moe(x, w13p, w13s, w2p, w2s, wts, ids, config={"gate_up": tma, "down": tma})
     assert _rel(out, clean) < 1e-2
     # a token whose routes are all inactive gets exactly zero
     ids[0] = -1
@@ -150,6 +156,8 @@ def test_bad_inputs_name_the_argument():
     ({"down": {"DECODE": "fp8", "BLOCK_SIZE_K": 256}}, "BLOCK_SIZE_K"),
     ({"gate_up": {"DECODE": "int4"}}, "DECODE"),
     ({"gate_up": {"num_stages": 0}}, "num_stages"),
+    ({"gate_up": {"W_TMA": 2}}, "W_TMA"),
+    ({"down": {"W_TMA": 1, "DECODE": "fp8_scaled"}}, "W_TMA"),
     ({"middle": {}}, "middle"),
     ([1, 2], "config"),
 ])

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..device import interpreter_active
 
@@ -199,7 +200,7 @@ def fp4_moe_gemm_kernel(
     A_DIV: tl.constexpr, GATHERED: tl.constexpr, DECODE: tl.constexpr, UNPACK: tl.constexpr,
     USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr,
+    GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, W_TMA: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)
@@ -223,7 +224,8 @@ def fp4_moe_gemm_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_ok = offs_n < N
-    w_rows = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
+    if not W_TMA:  # else w_ptr is a descriptor of the packed weights [E, N, K / 2], [1, BN, BK / 2] tiles
+        w_rows = w_ptr + expert * stride_we + offs_n[:, None] * stride_wn
     ws_rows = w_scale_ptr + expert * stride_wse + offs_n * stride_wsn
     a_rows = a_ptr + a_row[:, None] * stride_am
     as_rows = a_scale_ptr + a_row * stride_asm
@@ -270,14 +272,19 @@ def fp4_moe_gemm_kernel(
                 k_ok = offs_k >= 0
                 a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None], other=0.0)
                 s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None], other=127).to(tl.int32)
-                packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
+                if not W_TMA:
+                    packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
             else:
                 k_ok = offs_k < K
                 a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 s = tl.load(ws_rows[:, None] + offs_g[None, :],
                             mask=n_ok[:, None] & (offs_g < K // 32)[None, :], other=127).to(tl.int32)
-                packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None] & (offs_b < K // 2)[None, :],
-                                 other=0)
+                if not W_TMA:
+                    packed = tl.load(w_rows + offs_b[None, :],
+                                     mask=n_ok[:, None] & (offs_b < K // 2)[None, :], other=0)
+            if W_TMA:  # one TMA copy; zeros past N and K (code 0 is +0)
+                packed = w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_SIZE_N, k0 // 2]).reshape(
+                    BLOCK_SIZE_N, BLOCK_SIZE_K // 2)
             # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
             if UNPACK == 1:
                 w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM).to(tl.float16)
@@ -355,16 +362,25 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     blocks = align.max_blocks
     interp = interpreter_active()
     grid = (blocks * triton.cdiv(n, config["BLOCK_SIZE_N"]),)
+    w_tma = bool(config.get("W_TMA", 0))
+    w_strides = w.stride()[:2]
+    if w_tma:
+        if w.stride(2) != 1 or any(st % 16 for st in w.stride()[:2]) or w.data_ptr() % 16:
+            raise ValueError(f"config W_TMA 1 needs packed weights with unit stride along K and 16-byte "
+                             f"aligned strides and base, got strides {w.stride()}")
+        w = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, config["BLOCK_SIZE_N"],
+                                                                  config["BLOCK_SIZE_K"] // 2])
     fp4_moe_gemm_kernel[grid](
         a, a_scale, w, w_scale, out,
         align.sorted_ids, align.expert_ids, align.num_padded,
         n, k, align.routes, blocks,
-        a.stride(0), a_scale.stride(0), w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1),
+        a.stride(0), a_scale.stride(0), *w_strides, w_scale.stride(0), w_scale.stride(1),
         out.stride(0),
         A_DIV=a_div, GATHERED=gathered, DECODE=DECODES[config["DECODE"]], UNPACK=UNPACKS[config["UNPACK"]],
         USE_ASM=UNPACKS[config["UNPACK"]] != 0 and not interp,  # the interpreter runs the Triton twin
         SWAP_AB=bool(config.get("SWAP_AB", 0)),
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
+        W_TMA=w_tma,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )

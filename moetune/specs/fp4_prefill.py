@@ -33,7 +33,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
-    "A_LAYOUT": "indexed",
+    "A_LAYOUT": "indexed", "W_TMA": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -78,6 +78,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
+    if cfg["W_TMA"] not in (0, 1) or isinstance(cfg["W_TMA"], bool):
+        raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
+    if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
+        raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
     if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
         raise ValueError(f"config BLOCK_SIZE_K must be >= 64 with UNPACK 'halves' (two dots of K/2, "
                          f"fp8 dots need K >= 32), got {cfg['BLOCK_SIZE_K']}")
@@ -179,6 +183,10 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
     """
     cfg["BLOCK_SIZE_N"] = min(cfg["BLOCK_SIZE_N"], max(16, _next_pow2(shape["N"])))
     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], 1 << int(math.log2(shape["K"])))
+    if cfg["W_TMA"] not in (0, 1) or isinstance(cfg["W_TMA"], bool):
+        raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
+    if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
+        raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
     if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
         cfg.update(UNPACK="join", SWAP_AB=0)
     return cfg
