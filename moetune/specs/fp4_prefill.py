@@ -28,6 +28,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "UNPACK": ("join", "asm", "asm16", "halves"),
     "SWAP_AB": (0, 1),
     "A_LAYOUT": ("indexed", "gathered"),
+    "W_TMA": (0, 1),
 }
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
