@@ -284,6 +284,19 @@ class Store:
         })
         return {r[0] for r in self._conn.execute(f"SELECT config FROM measurements{where}", params)}
 
+    def best_per_point(self, kernel: str, device_name: str, shape: Any) -> list[dict[str, Any]]:
+        """The fastest ok row's (tokens, routes, active_fraction, routing, density, config, time_ms) at
+        each point this store holds for one op, shape and device: warm starts for the other densities."""
+        where, params = self._where({"kernel": kernel, "device_name": device_name, "shape": shape,
+                                     "status": "ok"})
+        cols = ("tokens", "routes", "active_fraction", "routing", "density", "config", "time_ms")
+        # SQLite fills the bare columns of a MIN() aggregate from the row that holds the minimum
+        rows = self._conn.execute(
+            "SELECT tokens, routes, active_fraction, routing, density, config, MIN(time_ms) FROM "
+            f"measurements{where} AND time_ms IS NOT NULL GROUP BY tokens, routes, active_fraction, routing",
+            params)
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
 
 def read_frame(path: str | Path, option: str = "--data"):
     """Rows of a results store (.sqlite/.db) or of an export of one (``moetune results --csv/--parquet``:

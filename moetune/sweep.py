@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,6 +33,10 @@ BATCH = 256
 # Failures a rerun may measure again once their cause is fixed (e.g. out of GPU memory): they say
 # nothing about the config. An inaccurate config stays banned; invalid is the space's own verdict.
 RETRYABLE = ("crash", "timeout", "compile_error")
+# Other densities' bests an earlier sweep left in the store, offered as warm starts (nearest first):
+# a config that wins at one density is the likeliest to win next to it (session 11: the direct best at
+# 20 tokens was never measured at 24 by a fresh 100-measurement sweep there).
+STORE_HINTS = 4
 
 
 def check_retry(statuses: Sequence[str]) -> frozenset[str]:
@@ -238,8 +243,9 @@ class Sweep:
         """Warm starts: the spec's heuristic for this point (so a table never loses to the fallback it
         replaces for want of measuring it), the best configs the other ops of its kernel path found
         at the same routes, the configs of the tables' entries on either side of this density (what
-        the picker runs here today), then the best configs found so far for the same op and shape at
-        other densities, nearest density first."""
+        the picker runs here today), the best configs found so far for the same op and shape at
+        other densities in this sweep, nearest density first, then the nearest ``STORE_HINTS`` other
+        points' bests that the store holds from earlier sweeps."""
         me = self.points[i]
         mp = me.problem
         near = [pt for pt in self.points[:i] if pt.problem.kernel == mp.kernel
@@ -253,11 +259,17 @@ class Sweep:
                                                                       device=self.device)]
         hints = [c for c in siblings + tabled if canonical_json(c) in me.keys]
         hints += [pt.best.config for pt in near]
+        mine = (mp.tokens, mp.routes, mp.active_fraction, mp.routing)
+        stored = [r for r in self.store.best_per_point(mp.kernel, self.device.name, mp.shape_key)
+                  if (r["tokens"], r["routes"], r["active_fraction"], r["routing"]) != mine and r["density"]]
+        stored.sort(key=lambda r: abs(math.log(r["density"] / mp.density)) if mp.density else r["density"])
+        earlier = [full_config(me.spec, json.loads(r["config"])) for r in stored[:STORE_HINTS]]
+        hints += [c for c in earlier if canonical_json(c) in me.keys]
         heuristic = full_config(me.spec, me.spec.heuristic(me.problem.shape, me.problem.routes,
                                                            self.device.arch))
         if canonical_json(heuristic) in me.keys:
             hints.insert(0, heuristic)
-        return hints
+        return list({canonical_json(c): c for c in hints}.values())  # each once, where it first came
 
     def _measure(self, pt: Point, configs: Sequence[Config],
                  ahead: Sequence[Config] = ()) -> list[Observation]:

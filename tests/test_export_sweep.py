@@ -63,3 +63,20 @@ def test_sweep_export_verify_pick_round_trip(dirs):
     tabled = {canonical_json(e["config"]) for e in doc["entries"]} & sweep.points[0].keys  # candidates here
     assert tabled and tabled <= set(hints)
     sweep.store.close()
+
+
+def test_a_sweep_starts_from_the_stores_bests_at_other_densities(dirs):
+    """A later sweep of another density offers each earlier point's best (nearest density first) as a
+    warm start, though no table holds it yet."""
+    db, spec = dirs / "s.sqlite", get_spec(KERNEL)
+    with Store(db) as store, Runner(timeout=120, jobs=0) as runner:
+        Sweep(store, runner, strategy="random", budget=3).run([spec.problem(SHAPE, t) for t in (1, 8)])
+        frame = store.frame(kernel=KERNEL, status="ok")
+        best = {r: frame[frame["routes"] == r].sort_values("time_ms")["config"].iloc[0] for r in (2, 16)}
+        later = Sweep(store, runner)
+        later.plan([spec.problem(SHAPE, 2)], INTERPRETER)  # routes 4, density 1
+        hints = [canonical_json(c) for c in later._hints(0)]
+    offered = [b for b in (best[2], best[16]) if b in later.points[0].keys]  # candidates at this point
+    assert offered and all(b in hints for b in offered)
+    if len(offered) == 2:  # density 0.5 is nearer to 1 than density 4
+        assert hints.index(best[2]) <= hints.index(best[16])
