@@ -23,6 +23,8 @@ fp8=(
   $H/picker_direct_s10.sqlite
   $H/grid_s11.sqlite
   $H/fp8_decode_deepseek-v3_tp8_tma_s11.sqlite
+  $H/picker_direct_s11.sqlite
+  $H/picker_neighbours_s11.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
@@ -39,6 +41,7 @@ fp4=(
   $H/picker_direct_s10.sqlite
   $H/grid_s11.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_tma_s11.sqlite
+  $H/picker_direct_s11.sqlite
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 

@@ -84,15 +84,16 @@ for st in "${stages[@]}"; do
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,4,16,64 --active 0.5,0.25 \
         --csv "$OUT/bench_fp8_active.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2 --csv "$OUT/bench_fp4_zipf.csv" ;;
-    direct)  # direct sweeps at densities the tables do not hold (off the 1.5x grid), the picker check's
-      # reference (BUDGET=100 makes one worth comparing with; session 3's 16 was not)
+    direct)  # direct sweeps at densities the tables do not hold, the picker check's reference (BUDGET=100
+      # makes one worth comparing with; session 3's 16 was not). Sessions 10 and 11 checked 3/12/48 and
+      # 5/20/40 tokens, 4608 and 3456 routes, whose stores the tables have pooled since: new points here
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --active 1
+        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 7,14,28 --active 1
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456 ;;
+        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 5376 ;;
     picker)  # the picker's choice at those densities, benched (set against `direct`'s best afterwards)
-      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 5,20,40 --csv "$OUT/picker_fp8.csv"
-      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 3456 --csv "$OUT/picker_fp4.csv" ;;
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 7,14,28 --csv "$OUT/picker_fp8.csv"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 5376 --csv "$OUT/picker_fp4.csv" ;;
     pack)
       python - "$OUT" "$DB" <<'PY'
 import sqlite3, sys
