@@ -233,7 +233,9 @@ class WorkerPool:
         when it has said hello (a pool that was only launched comes up while tasks queue)."""
         for h in self.handles:
             if ready_only:
-                if not h.alive:  # never launched, or killed by its last task
+                if h.busy:  # running, or dead with a task whose crash only harvest() may collect
+                    continue
+                if not h.alive:  # never launched, or killed by a task harvest() has collected
                     h.stop()
                     h.launch()
                 try:

@@ -572,3 +572,33 @@ def test_cli_ray_without_ray_is_one_line_saying_how_to_install(tmp_path, monkeyp
                                    "--db", str(db), "--ray"])
     assert res.exit_code != 0 and "Traceback" not in res.output and not db.exists()
     assert res.output.strip() == "error: --ray needs Ray, which is not installed: pip install 'moetune[ray]'"
+
+
+def test_a_ready_only_pump_keeps_the_crash_of_a_worker_that_died_on_its_task(tmp_path):
+    """A Ray actor's add() pumps its compile pool (ready_only) whenever tasks arrive: if a worker has just
+    died on a task (os.abort), that pump must not restart it before harvest() collects the crash, or
+    the task is never answered (session 11: the Ray test hung on it under load)."""
+    import time
+
+    from moetune.runner import WorkerPool
+
+    spec = crashy_spec.SPEC
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 1)
+    task = {"mode": "compile", "kernel": spec.name, "spec_module": type(spec).__module__, "problem": problem,
+            "config": {"mode": "abort", "v": 0}, "seed": 0, "timing": {}, "best_ms": None}
+    pool = WorkerPool(1, "compile", None, tmp_path)
+    h = pool.handles[0]
+    try:
+        pool.add([("k", task)], 120.0)
+        deadline = time.monotonic() + 300
+        while not h.busy:  # launched by the first pump, takes the task once it has said hello
+            assert time.monotonic() < deadline, "the compile worker never took its task"
+            pool.pump(ready_only=True)
+            time.sleep(0.05)
+        h.proc.join(120)
+        assert not h.alive  # it aborted on the task
+        pool.pump(ready_only=True)  # what the actor's add() does before its collect() harvests
+        (key, res), = pool.harvest()
+        assert key == "k" and res["status"] == "crash" and "SIGABRT" in res["reason"]
+    finally:
+        pool.stop()
