@@ -48,6 +48,9 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     # halves: even-k and odd-k codes dotted apart (K tail of 32 in both GEMMs: 160 and 96)
     (_cfg(16, 64, 128, "fp8", "halves"), _cfg(32, 64, 64, "f16", "halves", SWAP_AB=1)),
     (_cfg(32, 32, 64, "fp8_row", "halves", SWAP_AB=1), _cfg(16, 128, 256, "bf16", "halves")),
+    # lut: re-based e4m3 bytes by table lookup, two dots of K/2 (K tails of 32 again)
+    (_cfg(16, 64, 128, "fp8", "lut"), _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1)),
+    (_cfg(32, 32, 64, "fp8_row", "lut", SWAP_AB=1, W_TMA=1), _cfg(16, 128, 128, "fp8", "lut", W_TMA=1)),
     # W_TMA: packed weight tiles by TMA copies, zeros past N and K (partial tiles in both GEMMs)
     (_cfg(16, 64, 128, "fp8", "halves", SWAP_AB=1, W_TMA=1), _cfg(32, 64, 64, "fp8_row", W_TMA=1)),
     (_cfg(64, 128, 64, "bf16", "asm", W_TMA=1), _cfg(16, 32, 128, "f16", "asm16", SWAP_AB=1, W_TMA=1)),
@@ -58,6 +61,31 @@ def test_tiles_and_decodes_match_reference(gate_up, down, device):
     out = fp4_prefill_moe(*args, config={"gate_up": gate_up, "down": down})
     assert out.shape == (20, 160) and out.dtype == torch.bfloat16
     assert _rel(out, ref) < 1e-2
+
+
+def _spread_weights(e, n, k, max_d, g):
+    """MXFP4 weights whose 32-blocks are 2^0 .. 2^-max_d apart inside every chunk and row."""
+    shift = torch.randint(0, max_d + 1, (e, n, k // 32, 1), generator=g).float()
+    return quantize_mxfp4((torch.randn(e, n, k // 32, 32, generator=g) * torch.exp2(-shift)).reshape(e, n, k))
+
+
+@pytest.mark.parametrize("decode, swap", [("fp8", 0), ("fp8_row", 1)])
+def test_lut_is_bit_identical_to_halves_across_scale_spreads(decode, swap, device):
+    """Re-base distances up to 9, where every table entry is exact: the lookup must give halves' bytes.
+    Beyond 9 both round to e4m3 subnormals; the interpreter's fp16 -> e4m3 cast truncates there (the
+    GPU's rounds to nearest even, as the table does), so those distances are held to the reference."""
+    x, *_, wts, ids = _problem(m=20, h=256, i=64, e=4, top_k=2, seed=3, device=device)
+    for max_d, exact in ((9, True), (20, False)):
+        g = torch.Generator().manual_seed(max_d)
+        w = [t.to(device) for t in (*_spread_weights(4, 128, 256, max_d, g),
+                                    *_spread_weights(4, 256, 64, max_d, g))]
+        args = (x, *w, wts, ids)
+        outs = [fp4_prefill_moe(*args, config={"gate_up": _cfg(16, 64, 128, decode, unpack, SWAP_AB=swap),
+                                               "down": _cfg(16, 64, 64, decode, unpack, SWAP_AB=swap)})
+                for unpack in ("halves", "lut")]
+        if exact:
+            assert torch.equal(outs[0], outs[1])
+        assert _rel(outs[1], fp4_prefill_moe_reference(*args)) < 1e-2
 
 
 @pytest.mark.parametrize("kw", [

@@ -9,7 +9,9 @@ input register holding bytes b0..b3 (b0 lowest).
 import re
 import struct
 
-from moetune.kernels.fp4_gemm import _E2M1_TO_E4M3_ASM, _E2M1_TO_F16_ASM
+import torch
+
+from moetune.kernels.fp4_gemm import _E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_LUT_ASM, _E2M1_TO_F16_ASM, e4m3_pools
 from moetune.quant.mxfp4 import E2M1_VALUES
 
 M32 = 0xFFFFFFFF
@@ -68,3 +70,22 @@ def test_e4m3_ptx_decodes_every_byte():
         out = _run(_E2M1_TO_E4M3_ASM.value, {"$2": int.from_bytes(bytes(packed), "little")})
         assert [_e4m3(out["$0"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b & 15) / 64 for b in packed]
         assert [_e4m3(out["$1"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b >> 4) / 64 for b in packed]
+
+
+def test_lut_ptx_looks_up_every_code_at_every_rebase_distance():
+    """$0/$1 = e4m3 of codes k0..k3 / k4..k7 (k0 = b0's low nibble) re-based by 2^(1 - d), from the pool
+    in $3/$7 (the other elements' pool registers hold garbage: only element 0's may be read)."""
+    pools = e4m3_pools(torch.device("cpu")).tolist()
+    for d, (lo_pool, hi_pool) in enumerate(pools):
+        want = torch.tensor(E2M1_VALUES) * 2.0 ** (1 - d)
+        want = torch.cat([want, -want]).to(torch.float8_e4m3fn).float().tolist()  # code order 0..15
+        for start in range(0, 256, 4):
+            packed = [(start + i * 67) % 256 for i in range(4)]
+            codes = [c for b in packed for c in (b & 15, b >> 4)]
+            regs = {"$2": int.from_bytes(bytes(packed), "little"), "$3": lo_pool & M32, "$7": hi_pool & M32,
+                    **{f"${r}": 0xDEADBEEF for r in (4, 5, 6, 8, 9, 10)}}
+            out = _run(_E2M1_TO_E4M3_LUT_ASM.value, regs)
+            got = [_e4m3(out[r] >> 8 * i & 0xFF) for r in ("$0", "$1") for i in range(4)]
+            assert got == [want[c] for c in codes]
+            signs = [out[r] >> 8 * i & 0x80 for r in ("$0", "$1") for i in range(4)]
+            assert signs == [(c & 8) << 4 for c in codes]

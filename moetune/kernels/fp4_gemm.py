@@ -20,6 +20,13 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   the activation tile is split the same way (``tl.split`` of adjacent pairs) and each half
   is one dot of K = BLOCK_SIZE_K / 2 into the same accumulator, so no join/reshape
   shuffles of the decoded weights. Needs BLOCK_SIZE_K >= 64 (fp8 dots need K >= 32).
+- ``lut`` (DECODE ``fp8``/``fp8_row`` only): each code becomes its final re-based e4m3 byte
+  in a ``prmt`` table lookup: the 8 magnitudes times ``2^(1 - d)`` are one 8-byte pool per
+  re-base distance d (``e4m3_pools``, 16 pools), so a register of 4 packed bytes costs about
+  10 integer instructions for its 8 weights, with no fp16 multiply and no fp16 -> e4m3
+  conversion. Codes come out in groups of four (k0-3 and k4-7 of each register), so the
+  activations are split the same way and each half is one dot of K = BLOCK_SIZE_K / 2.
+  Bit-identical to ``halves`` with ``fp8`` on the GPU.
 
 ``SWAP_AB`` computes the transposed tile ``W @ A.T`` (BLOCK_SIZE_N x BLOCK_SIZE_M): the
 decoded weights become the MMA's left operand, which sm_90's wgmma may take straight from
@@ -53,6 +60,9 @@ All but ``bf16`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
 
 from __future__ import annotations
 
+import functools
+
+import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -60,7 +70,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..device import interpreter_active
 
 DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3, "fp8_row": 4}
-UNPACKS = {"join": 0, "asm": 1, "asm16": 2, "halves": 3}
+UNPACKS = {"join": 0, "asm": 1, "asm16": 2, "halves": 3, "lut": 4}
+# Re-base distances d = smax - s beyond this give pools that round to zero (6 * 2^(1 - 14) < 2^-10).
+LUT_MAX_D = tl.constexpr(15)
+_E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+@functools.cache
+def e4m3_pools(device: torch.device) -> torch.Tensor:
+    """UNPACK ``lut``'s tables: int32 [LUT_MAX_D + 1, 2], row d the 8 bytes of the e4m3 values (round
+    to nearest even) of the E2M1 magnitudes times 2^(1 - d), little-endian: byte i = magnitude code i."""
+    d = torch.arange(LUT_MAX_D.value + 1, dtype=torch.float32)[:, None]
+    vals = torch.tensor(_E2M1_MAGNITUDES) * torch.exp2(1 - d)
+    return vals.to(torch.float8_e4m3fn).view(torch.uint8).view(torch.int32).to(device)
 
 # Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
 _E2M1_TO_E4M3_ASM = tl.constexpr("""
@@ -107,6 +129,65 @@ and.b32 v, t, 0x80008000;
 or.b32 $3, u, v;
 }
 """)
+
+
+# Four packed bytes b0..b3 (codes k0..k7, k0 = b0's low nibble) -> the re-based e4m3 bytes of k0..k3 ($0)
+# and k4..k7 ($1). $3 / $7 are element 0's pool (bytes 0-3 / 4-7: the e4m3 of magnitudes 0, .5, 1, 1.5 /
+# 2, 3, 4, 6 times 2^(1 - d)); the pack's four elements share it ($4-$6, $8-$10 unused). The codes with
+# their sign bits cleared are the prmt selectors as they lie (bit 3 clear: no sign-replicate mode); the
+# signs, bit 3 or 7 of a byte, meet at bit 7 of a second prmt of the bytes and the bytes shifted by 4.
+_E2M1_TO_E4M3_LUT_ASM = tl.constexpr("""
+{
+.reg .b32 m, t, u, v;
+and.b32 m, $2, 0x77777777;
+shl.b32 t, $2, 4;
+prmt.b32 u, $3, $7, m;
+prmt.b32 v, t, $2, 0x5140;
+and.b32 v, v, 0x80808080;
+or.b32 $0, u, v;
+shr.b32 m, m, 16;
+prmt.b32 u, $3, $7, m;
+prmt.b32 v, t, $2, 0x7362;
+and.b32 v, v, 0x80808080;
+or.b32 $1, u, v;
+}
+""")
+
+
+@triton.jit
+def _quads(x, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """[ROWS, COLS] -> (first, second) [ROWS, COLS // 2]: the first and last four of every eight columns,
+    the halves ``lut``'s two dots run on."""
+    x4 = tl.permute(tl.reshape(x, (ROWS, COLS // 8, 2, 4)), (0, 1, 3, 2))
+    first, second = tl.split(x4)
+    return tl.reshape(first, (ROWS, COLS // 2)), tl.reshape(second, (ROWS, COLS // 2))
+
+
+@triton.jit
+def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr):
+    """uint8 [ROWS, G * 16] packed codes and their re-base distance d [ROWS, G] (<= LUT_MAX_D) ->
+    ``_quads`` of the float8e4nv weights [ROWS, G * 32] = e2m1 * 2^(1 - d), rounded to e4m3 as
+    ``halves``' fp16 product is on the GPU. ``lut_ptr``: ``e4m3_pools``, int32 [LUT_MAX_D + 1, 2].
+    The PTX assumes each thread's packed bytes come in aligned runs of four along K (one register):
+    so they do in the dot-operand layouts Triton gives these tiles, and the accuracy check of every
+    candidate would catch a layout where they did not."""
+    lo_pool = tl.reshape(tl.broadcast_to(tl.load(lut_ptr + 2 * d)[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
+    hi_pool = tl.reshape(tl.broadcast_to(tl.load(lut_ptr + 2 * d + 1)[:, :, None], (ROWS, G, 16)),
+                         (ROWS, G * 16))
+    if USE_ASM:
+        first, second = tl.inline_asm_elementwise(_E2M1_TO_E4M3_LUT_ASM, "=r,=r,r,r,r,r,r,r,r,r,r",
+                                                  [packed, lo_pool, hi_pool], dtype=(tl.uint8, tl.uint8),
+                                                  is_pure=True, pack=4)
+    else:  # the same lookup one code at a time, then the same halves
+        c = packed.to(tl.int32)
+        m_lo = c & 7
+        m_hi = (c >> 4) & 7
+        w_lo = tl.where(m_lo < 4, lo_pool, hi_pool)
+        w_hi = tl.where(m_hi < 4, lo_pool, hi_pool)
+        lo = (((w_lo >> ((m_lo & 3) * 8)) & 0xFF) | ((c & 8) << 4)).to(tl.uint8)
+        hi = (((w_hi >> ((m_hi & 3) * 8)) & 0xFF) | (c & 0x80)).to(tl.uint8)
+        first, second = _quads(tl.reshape(tl.join(lo, hi), (ROWS, G * 32)), ROWS, G * 32)
+    return first.to(tl.float8e4nv, bitcast=True), second.to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -193,7 +274,7 @@ def _e4m3_raw(packed, ROWS: tl.constexpr, COLS: tl.constexpr, USE_ASM: tl.conste
 # are run-time values, never specialized, so every GROUP_SIZE_M of a tile runs one binary.
 @triton.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_moe_gemm_kernel(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr,
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, lut_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     N, K, routes, num_blocks,
     stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
@@ -285,57 +366,69 @@ def fp4_moe_gemm_kernel(
             if W_TMA:  # one TMA copy; zeros past N and K (code 0 is +0)
                 packed = w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_SIZE_N, k0 // 2]).reshape(
                     BLOCK_SIZE_N, BLOCK_SIZE_K // 2)
-            # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
-            if UNPACK == 1:
-                w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM).to(tl.float16)
-                W16_EXP: tl.constexpr = -6
-            elif UNPACK == 3:  # even-k and odd-k codes stay apart: [BN, BK / 2] each
-                w16, w16_odd = _f16_halves(packed, USE_ASM)
-                W16_EXP: tl.constexpr = -14
-            else:
-                w16 = tl.reshape(_f16_codes(packed, BLOCK_SIZE_N, G, USE_ASM), (BLOCK_SIZE_N, BLOCK_SIZE_K))
-                W16_EXP: tl.constexpr = -14
-            if DECODE != 0:  # re-based on the chunk's (or row's) largest scale: fp8 or fp16 operands
+            if UNPACK == 4:  # re-based e4m3 bytes straight from the table, two dots of K / 2
                 if DECODE == 4:
                     smax = rmax
                 else:
-                    smax = tl.max(s, axis=1)  # [BN]
-                d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
-                fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)  # 2^(1-W16_EXP-d)
-                if DECODE == 3:
-                    a_op = a.to(tl.float16)  # e4m3 values are exact in fp16
-                    b_dtype: tl.constexpr = tl.float16
+                    smax = tl.max(s, axis=1)
+                b, b2 = _lut_quads(packed, tl.minimum(smax[:, None] - s, LUT_MAX_D), lut_ptr, BLOCK_SIZE_N, G,
+                                   USE_ASM)
+                a1, a2 = _quads(a, BLOCK_SIZE_M, BLOCK_SIZE_K)
+                part = _mm(a2, b2, _mm(a1, b, tl.zeros_like(acc), SWAP_AB), SWAP_AB)
+            else:
+                # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
+                if UNPACK == 1:
+                    w16 = _e4m3_raw(packed, BLOCK_SIZE_N, BLOCK_SIZE_K, USE_ASM).to(tl.float16)
+                    W16_EXP: tl.constexpr = -6
+                elif UNPACK == 3:  # even-k and odd-k codes stay apart: [BN, BK / 2] each
+                    w16, w16_odd = _f16_halves(packed, USE_ASM)
+                    W16_EXP: tl.constexpr = -14
                 else:
-                    a_op = a
-                    b_dtype: tl.constexpr = tl.float8e4nv
-            else:
-                fac = ((s - W16_EXP) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127 - W16_EXP)
-                if BLOCK_SIZE_K <= 128:
-                    xs2 = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)[:, None]
+                    w16 = tl.reshape(_f16_codes(packed, BLOCK_SIZE_N, G, USE_ASM),
+                                     (BLOCK_SIZE_N, BLOCK_SIZE_K))
+                    W16_EXP: tl.constexpr = -14
+                if DECODE != 0:  # re-based on the chunk's (or row's) largest scale: fp8 or fp16 operands
+                    if DECODE == 4:
+                        smax = rmax
+                    else:
+                        smax = tl.max(s, axis=1)  # [BN]
+                    d = tl.minimum(smax[:, None] - s, 15 - W16_EXP)  # keeps the factor a normal fp16
+                    # 2^(1 - W16_EXP - d)
+                    fac = ((16 - W16_EXP - d) << 10).to(tl.int16).to(tl.float16, bitcast=True)
+                    if DECODE == 3:
+                        a_op = a.to(tl.float16)  # e4m3 values are exact in fp16
+                        b_dtype: tl.constexpr = tl.float16
+                    else:
+                        a_op = a
+                        b_dtype: tl.constexpr = tl.float8e4nv
                 else:
-                    xs2 = tl.load(as_rows[:, None] + offs_k[None, :] // 128,
-                                  mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                # The CPU interpreter's bf16 dot is wrong (Triton 3.9); the values are exact in fp32 too.
-                if F32_DOT:
-                    b_dtype: tl.constexpr = tl.float32
+                    fac = ((s - W16_EXP) << 23).to(tl.float32, bitcast=True)  # 2^(s - 127 - W16_EXP)
+                    if BLOCK_SIZE_K <= 128:
+                        xs2 = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)[:, None]
+                    else:
+                        xs2 = tl.load(as_rows[:, None] + offs_k[None, :] // 128,
+                                      mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                    # The CPU interpreter's bf16 dot is wrong (Triton 3.9); the values are exact in fp32 too.
+                    if F32_DOT:
+                        b_dtype: tl.constexpr = tl.float32
+                    else:
+                        b_dtype: tl.constexpr = tl.bfloat16
+                    a_op = (a.to(tl.float32) * xs2).to(b_dtype)
+                # e2m1 * 2^(1 - d), |b| <= 12 (re-based), or the exact bf16 weight
+                if UNPACK == 3:
+                    a_even, a_odd = tl.split(tl.reshape(a_op, (BLOCK_SIZE_M, BLOCK_SIZE_K // 2, 2)))
+                    b = _scaled(w16, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
+                    b_odd = _scaled(w16_odd, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
                 else:
-                    b_dtype: tl.constexpr = tl.bfloat16
-                a_op = (a.to(tl.float32) * xs2).to(b_dtype)
-            # e2m1 * 2^(1 - d), |b| <= 12 (re-based), or the exact bf16 weight
-            if UNPACK == 3:
-                a_even, a_odd = tl.split(tl.reshape(a_op, (BLOCK_SIZE_M, BLOCK_SIZE_K // 2, 2)))
-                b = _scaled(w16, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
-                b_odd = _scaled(w16_odd, fac, BLOCK_SIZE_N, G, 16, b_dtype, DECODE == 0)
-            else:
-                b = _scaled(w16, fac, BLOCK_SIZE_N, G, 32, b_dtype, DECODE == 0)
-            if DECODE == 0:
-                part = acc  # the bf16 weights are exact: one accumulator over all of K
-            else:
-                part = tl.zeros_like(acc)
-            if UNPACK == 3:
-                part = _mm(a_odd, b_odd, _mm(a_even, b, part, SWAP_AB), SWAP_AB)
-            else:
-                part = _mm(a_op, b, part, SWAP_AB)
+                    b = _scaled(w16, fac, BLOCK_SIZE_N, G, 32, b_dtype, DECODE == 0)
+                if DECODE == 0:
+                    part = acc  # the bf16 weights are exact: one accumulator over all of K
+                else:
+                    part = tl.zeros_like(acc)
+                if UNPACK == 3:
+                    part = _mm(a_odd, b_odd, _mm(a_even, b, part, SWAP_AB), SWAP_AB)
+                else:
+                    part = _mm(a_op, b, part, SWAP_AB)
             if DECODE == 0:
                 acc = part
             else:
@@ -371,7 +464,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         w = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, config["BLOCK_SIZE_N"],
                                                                   config["BLOCK_SIZE_K"] // 2])
     fp4_moe_gemm_kernel[grid](
-        a, a_scale, w, w_scale, out,
+        a, a_scale, w, w_scale, out, e4m3_pools(out.device),
         align.sorted_ids, align.expert_ids, align.num_padded,
         n, k, align.routes, blocks,
         a.stride(0), a_scale.stride(0), *w_strides, w_scale.stride(0), w_scale.stride(1),

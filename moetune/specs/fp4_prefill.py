@@ -25,7 +25,7 @@ GEMMS = ("gate_up", "down")
 TILE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 SWITCHES: dict[str, tuple[str, ...]] = {
     "DECODE": ("bf16", "fp8", "fp8_row", "f16", "fp8_scaled"),
-    "UNPACK": ("join", "asm", "asm16", "halves"),
+    "UNPACK": ("join", "asm", "asm16", "halves", "lut"),
     "SWAP_AB": (0, 1),
     "A_LAYOUT": ("indexed", "gathered"),
     "W_TMA": (0, 1),
@@ -83,9 +83,12 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
     if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
-    if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
-        raise ValueError(f"config BLOCK_SIZE_K must be >= 64 with UNPACK 'halves' (two dots of K/2, "
-                         f"fp8 dots need K >= 32), got {cfg['BLOCK_SIZE_K']}")
+    if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
+        raise ValueError(f"config BLOCK_SIZE_K must be >= 64 with UNPACK {cfg['UNPACK']!r} (two dots of "
+                         f"K/2, fp8 dots need K >= 32), got {cfg['BLOCK_SIZE_K']}")
+    if cfg["UNPACK"] == "lut" and cfg["DECODE"] not in ("fp8", "fp8_row"):
+        raise ValueError(f"config UNPACK 'lut' looks up re-based e4m3 bytes: DECODE must be 'fp8' or "
+                         f"'fp8_row', got {cfg['DECODE']!r}")
     if cfg["DECODE"] != "bf16" and cfg["BLOCK_SIZE_K"] > 128:
         raise ValueError(f"config BLOCK_SIZE_K must be <= 128 with DECODE {cfg['DECODE']!r} "
                          f"(one activation scale per chunk), got {cfg['BLOCK_SIZE_K']}")
@@ -103,7 +106,7 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
       BN*BK/32, and the bf16 decode's per-element activation scales 4*BM*BK when BK > 128);
     - the MMA operands staged in shared memory: activations e*BM*BK with SWAP_AB or wgmma tiles
       (BM >= 64; 2*BM*BK at BM 256), none for mma.sync tiles; decoded weights e*BN*BK with UNPACK
-      halves (none with halves + SWAP_AB: they stay in registers), else 2*BN*BK (staged as fp16);
+      halves or lut (none with SWAP_AB: they stay in registers), else 2*BN*BK (staged as fp16);
     - the bf16 decode's scale tile 4*BM*BK when BK > 128 (what Triton 3.6 adds over 3.9);
     - 4 KiB + 8*BM*stages for the activation scales and barriers;
     - or the epilogue's layout change of the fp32 accumulator, min(4*BM*BN, 64 KiB), if larger.
@@ -112,7 +115,7 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
-    halves, swap = cfg["UNPACK"] == "halves", bool(cfg.get("SWAP_AB"))
+    halves, swap = cfg["UNPACK"] in ("halves", "lut"), bool(cfg.get("SWAP_AB"))
     if swap:
         acts = e * bm * bk
     elif bm >= 256:

@@ -1,16 +1,23 @@
-"""H200 probe of W_TMA (weight tiles by TMA copies) against the tables' picks (issues 2 and 5).
+"""H200 probe of one design switch against the tables' picks (issues 2 and 5).
 
 For --family fp8_decode (DeepSeek-V3 TP=8 by default, at each --tokens) or fp4_prefill
-(DeepSeek-V4-Flash TP=2 by default, at each --routes), both GEMMs: the picker's config ("table"),
-the same config with W_TMA 1, and W_TMA 1 with one pipeline stage fewer and more. A fp8 table pick
-without fp8 tensor cores (A_FP8 0, where W_TMA cannot run) is compared through its A_FP8 2 twin; a
-fp4 pick with DECODE fp8_scaled (32-K slices, no whole tile to copy) through its fp8 twin.
-Every config is checked against the reference before it is timed (the sweep's runner: CUDA graphs,
-fresh inputs); ``--rounds`` rounds, each config's fastest median kept. Writes ``w_tma.json`` and
-``w_tma.md`` under --out and prints the table last.
+(DeepSeek-V4-Flash TP=2 by default, at each --routes), both GEMMs: the picker's config ("table")
+against the same config with the --probe switched on, and that with one pipeline stage fewer and more.
 
-    PYTHONPATH=. python benchmarks/w_tma.py --out $OUT/w --tokens 1 4 16 64
-    PYTHONPATH=. python benchmarks/w_tma.py --out $OUT/w4 --family fp4_prefill --routes 1536 6144 24576
+- ``w_tma``: W_TMA 1 (weight tiles by TMA copies). A fp8 table pick without fp8 tensor cores (A_FP8 0,
+  where W_TMA cannot run) is compared through its A_FP8 2 twin; a fp4 pick with DECODE fp8_scaled
+  (32-K slices, no whole tile to copy) through its fp8 twin.
+- ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
+  decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N.
+
+Every config is checked against the reference before it is timed (the sweep's runner: CUDA graphs,
+fresh inputs); ``--rounds`` rounds, each config's fastest median kept. Writes ``<probe>.json`` and
+``<probe>.md`` under --out and prints the table last.
+
+    PYTHONPATH=. python benchmarks/probe_variants.py --out $OUT/w --tokens 1 4 16 64
+    PYTHONPATH=. python benchmarks/probe_variants.py --out $OUT/w4 --family fp4_prefill \
+        --routes 1536 6144 24576
+    PYTHONPATH=. python benchmarks/probe_variants.py --out $OUT/l --probe lut --family fp4_prefill
 """
 
 from __future__ import annotations
@@ -25,20 +32,27 @@ from moetune.runner import Runner
 from moetune.spec import canonical_json, get_spec
 
 
-def variants(table: dict) -> dict[str, dict]:
-    if "A_FP8" in table:  # fp8 decode
-        base = dict(table) if table["A_FP8"] else {**table, "A_FP8": 2, "num_stages": 3}
-    else:
-        base = {**table, "DECODE": "fp8"} if table["DECODE"] == "fp8_scaled" else dict(table)
+def variants(table: dict, probe: str) -> dict[str, dict]:
     out = {"table": dict(table)}
-    if base != table:
-        out["a_fp8_2"] = base
-    tma = {**base, "W_TMA": 1}
-    out["tma"] = tma
+    if probe == "w_tma":
+        if "A_FP8" in table:  # fp8 decode
+            base = dict(table) if table["A_FP8"] else {**table, "A_FP8": 2, "num_stages": 3}
+        else:
+            base = {**table, "DECODE": "fp8"} if table["DECODE"] == "fp8_scaled" else dict(table)
+        if base != table:
+            out["a_fp8_2"] = base
+        on = {**base, "W_TMA": 1}
+    else:
+        decode = table["DECODE"] if table["DECODE"] in ("fp8", "fp8_row") else "fp8"
+        on = {**table, "DECODE": decode, "UNPACK": "lut", "BLOCK_SIZE_K": max(64, table["BLOCK_SIZE_K"])}
+        for bn in (on["BLOCK_SIZE_N"] // 2, on["BLOCK_SIZE_N"] * 2):
+            if 16 <= bn <= 256:
+                out[f"{probe}_n{bn}"] = {**on, "BLOCK_SIZE_N": bn}
+    out[probe] = on
     for d in (-1, 1):
-        st = tma["num_stages"] + d
+        st = on["num_stages"] + d
         if 1 <= st <= 6:
-            out[f"tma_s{st}"] = {**tma, "num_stages": st}
+            out[f"{probe}_s{st}"] = {**on, "num_stages": st}
     return out
 
 
@@ -46,6 +60,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--family", choices=["fp8_decode", "fp4_prefill"], default="fp8_decode")
+    ap.add_argument("--probe", choices=["w_tma", "lut"], default="w_tma")
     ap.add_argument("--model", help="default: deepseek-v3 (fp8), deepseek-v4-flash (fp4)")
     ap.add_argument("--tp", type=int, help="default: 8 (fp8), 2 (fp4)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="fp8 densities")
@@ -55,6 +70,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp8 = args.family == "fp8_decode"
+    if fp8 and args.probe == "lut":
+        ap.error("--probe lut is a fp4_prefill switch")
     model = get_model(args.model or ("deepseek-v3" if fp8 else "deepseek-v4-flash"))
     tp = args.tp or (8 if fp8 else 2)
     rows = []
@@ -64,7 +81,7 @@ def main() -> None:
             shape = spec.shape_from_model(model, tp)
             for tokens in args.tokens if fp8 else [r // model.top_k for r in args.routes]:
                 problem = spec.problem(shape, tokens)
-                vs = variants(pick_config(spec.name, shape, problem.routes, device=runner.device))
+                vs = variants(pick_config(spec.name, shape, problem.routes, device=runner.device), args.probe)
                 best: dict[str, dict] = {}
                 for r in range(args.rounds):
                     for config, res in runner.measure(spec, problem, list(vs.values()), seed=r):
@@ -79,7 +96,7 @@ def main() -> None:
                                  "config": config, "status": res.get("status"), "reason": res.get("reason"),
                                  "time_ms": res.get("time_ms"), "roofline": res.get("roofline_frac")})
                     print(json.dumps(rows[-1]), flush=True)
-    (out / "w_tma.json").write_text(json.dumps(rows, indent=1))
+    (out / f"{args.probe}.json").write_text(json.dumps(rows, indent=1))
     where = "tokens" if fp8 else "routes"
     lines = [f"| GEMM | {where} | variant | us | roofline | vs table |", "|---|---:|---|---:|---:|---:|"]
     for row in rows:
@@ -90,7 +107,7 @@ def main() -> None:
         us = f"{t * 1e3:.2f}" if t else row["status"]
         roof = f"{row['roofline']:.1%}" if row["roofline"] else "-"
         lines.append(f"| {row['gemm']} | {row[where]} | {row['variant']} | {us} | {roof} | {ratio} |")
-    (out / "w_tma.md").write_text("\n".join(lines) + "\n")
+    (out / f"{args.probe}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
