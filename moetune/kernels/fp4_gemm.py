@@ -163,17 +163,52 @@ def _quads(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     return tl.reshape(first, (ROWS, COLS // 2)), tl.reshape(second, (ROWS, COLS // 2))
 
 
+# A re-base distance d ($2, 0..LUT_MAX_D) -> its pool ($0: e4m3 bytes of magnitudes 0, .5, 1, 1.5 times
+# 2^(1 - d); $1: of 2, 3, 4, 6), made in registers: f16x2 products with 2^(1 - d) (exact), then the
+# hardware's round-to-nearest-even e4m3 conversion, as ``halves``' fp16 path rounds. The lower half of
+# each f16x2 becomes the lower byte.
+_E4M3_POOL_ASM = tl.constexpr("""
+{
+.reg .b32 f, p0, p1, p2, p3;
+.reg .b16 q0, q1, q2, q3;
+sub.u32 f, 16, $2;
+shl.b32 f, f, 10;
+prmt.b32 f, f, f, 0x1010;
+mov.b32 p0, 0x38000000;
+mov.b32 p1, 0x3E003C00;
+mov.b32 p2, 0x42004000;
+mov.b32 p3, 0x46004400;
+mul.rn.f16x2 p0, p0, f;
+mul.rn.f16x2 p1, p1, f;
+mul.rn.f16x2 p2, p2, f;
+mul.rn.f16x2 p3, p3, f;
+cvt.rn.satfinite.e4m3x2.f16x2 q0, p0;
+cvt.rn.satfinite.e4m3x2.f16x2 q1, p1;
+cvt.rn.satfinite.e4m3x2.f16x2 q2, p2;
+cvt.rn.satfinite.e4m3x2.f16x2 q3, p3;
+mov.b32 $0, {q0, q1};
+mov.b32 $1, {q2, q3};
+}
+""")
+
+
 @triton.jit
 def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr):
     """uint8 [ROWS, G * 16] packed codes and their re-base distance d [ROWS, G] (<= LUT_MAX_D) ->
     ``_quads`` of the float8e4nv weights [ROWS, G * 32] = e2m1 * 2^(1 - d), rounded to e4m3 as
-    ``halves``' fp16 product is on the GPU. ``lut_ptr``: ``e4m3_pools``, int32 [LUT_MAX_D + 1, 2].
-    The PTX assumes each thread's packed bytes come in aligned runs of four along K (one register):
-    so they do in the dot-operand layouts Triton gives these tiles, and the accuracy check of every
-    candidate would catch a layout where they did not."""
-    lo_pool = tl.reshape(tl.broadcast_to(tl.load(lut_ptr + 2 * d)[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
-    hi_pool = tl.reshape(tl.broadcast_to(tl.load(lut_ptr + 2 * d + 1)[:, :, None], (ROWS, G, 16)),
-                         (ROWS, G * 16))
+    ``halves``' fp16 product is on the GPU. The GPU makes each (row, group)'s pool in registers (no
+    memory round trip behind the scale load); the interpreter, whose fp16 -> e4m3 cast truncates
+    subnormals, looks it up in ``lut_ptr`` (``e4m3_pools``). The PTX assumes each thread's packed
+    bytes come in aligned runs of four along K (one register): so they do in the dot-operand layouts
+    Triton gives these tiles, and the accuracy check of every candidate would catch one where not."""
+    if USE_ASM:
+        lo, hi = tl.inline_asm_elementwise(_E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(tl.int32, tl.int32),
+                                           is_pure=True, pack=1)
+    else:
+        lo = tl.load(lut_ptr + 2 * d)
+        hi = tl.load(lut_ptr + 2 * d + 1)
+    lo_pool = tl.reshape(tl.broadcast_to(lo[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
+    hi_pool = tl.reshape(tl.broadcast_to(hi[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
     if USE_ASM:
         first, second = tl.inline_asm_elementwise(_E2M1_TO_E4M3_LUT_ASM, "=r,=r,r,r,r,r,r,r,r,r,r",
                                                   [packed, lo_pool, hi_pool], dtype=(tl.uint8, tl.uint8),
