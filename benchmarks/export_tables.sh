@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9, 10 and 11), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10, 11 and 12), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -42,6 +42,7 @@ fp4=(
   $H/grid_s11.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_tma_s11.sqlite
   $H/picker_direct_s11.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_lut_s12.sqlite
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 

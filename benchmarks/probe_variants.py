@@ -8,7 +8,7 @@ against the same config with the --probe switched on, and that with one pipeline
   where W_TMA cannot run) is compared through its A_FP8 2 twin; a fp4 pick with DECODE fp8_scaled
   (32-K slices, no whole tile to copy) through its fp8 twin.
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
-  decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N.
+  decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, and with SWAP_AB flipped.
 
 Every config is checked against the reference before it is timed (the sweep's runner: CUDA graphs,
 fresh inputs); ``--rounds`` rounds, each config's fastest median kept. Writes ``<probe>.json`` and
@@ -48,6 +48,7 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
         for bn in (on["BLOCK_SIZE_N"] // 2, on["BLOCK_SIZE_N"] * 2):
             if 16 <= bn <= 256:
                 out[f"{probe}_n{bn}"] = {**on, "BLOCK_SIZE_N": bn}
+        out[f"{probe}_swap{1 - on['SWAP_AB']}"] = {**on, "SWAP_AB": 1 - on["SWAP_AB"]}
     out[probe] = on
     for d in (-1, 1):
         st = on["num_stages"] + d
