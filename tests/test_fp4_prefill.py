@@ -73,10 +73,12 @@ def _spread_weights(e, n, k, max_d, g):
 def test_lut_matches_halves_across_scale_spreads(decode, swap, device):
     """One grouped GEMM, fp32 out, weight blocks 2^0 .. 2^-20 apart inside every chunk and row (every
     re-base distance of the pools, the ones that round to e4m3 subnormals and to zero included).
-    lut and halves dot the same e4m3 weights in another grouping of K, so they agree to fp32 rounding
-    of the sums; both are held to the reference. (Distances beyond 9 round to e4m3 subnormals, where
-    the interpreter's fp16 -> e4m3 cast truncates: there its halves is off, so on the CPU only blocks
-    at most 2^-7 apart, whose scales stay within 9, are compared.)"""
+    lut and halves dot the same e4m3 weights in another grouping of K, so they agree to the rounding of
+    the sums (fp32 on the CPU; on the GPU, sm_90's fp8 wgmma accumulates with fewer bits: 1.2e-4 was
+    seen on the H200, where a wrong pool would be off by far more); both are held to the reference.
+    (Distances beyond 9 round to e4m3 subnormals, where the interpreter's fp16 -> e4m3 cast truncates:
+    there its halves is off, so on the CPU only blocks at most 2^-7 apart, whose scales stay within 9,
+    are compared.)"""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.quant import dequantize_mxfp4, quantize_fp8_act
@@ -101,7 +103,7 @@ def test_lut_matches_halves_across_scale_spreads(decode, swap, device):
             assert _rel(out, ref) < 1e-2
         if max_d == 7 or device == "cuda":
             diff = _rel(outs[1], outs[0])
-            assert diff < 1e-5, (max_d, diff)
+            assert diff < (1e-3 if device == "cuda" else 1e-5), (max_d, diff)
 
 
 @pytest.mark.parametrize("kw", [

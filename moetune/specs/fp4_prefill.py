@@ -159,16 +159,18 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
 # Bands up to 32 rows and above 64: the best of the session 5 exhaustive reference slice at 6, 24 and 96
 # rows per expert (results/fp4_prefill.md, session 5; the slice held UNPACK halves only, so session 2's
 # asm16 pick above 64 rows, 1.76 ms gate/up at 96 in its own run, was not in it). The 64-row band:
-# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2).
+# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2). Up to 16 rows UNPACK lut since
+# session 12: that tile with lut (and W_TMA) 0.449 / 0.236 ms against 0.548 / 0.289 ms with halves at 6 rows,
+# and lut won the session-12 sweep at every density from 3 to 12 rows (results/fp4_prefill.md, session 12).
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
-        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.555 ms at 6 (session 2 pick 0.67)
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.449 ms at 6 (halves 0.548, session 2 0.67)
         (32, _t(32, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.792 ms at 24 (0.88)
         (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.401 ms at 96 (1.76)
     ),
     "down": (
-        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.295 ms at 6 (0.31-0.36 at 3-12)
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.236 ms at 6 (halves 0.289)
         (32, _t(32, 128, 64, 4, 3, 8, "fp8", "halves", 1)),   # 0.391 ms at 24 (0.51)
         (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 0.810 ms at 96 (1.04)
@@ -183,7 +185,7 @@ def _hopper_pick(gemm: str, density: float) -> dict[str, Any]:
 def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
     """Shrink measured tiles to a smaller shape: N to what N needs, K to a power of two <= K.
 
-    ``halves`` needs BLOCK_SIZE_K >= 64; below that the pick falls back to ``join`` without SWAP_AB.
+    ``halves`` and ``lut`` need BLOCK_SIZE_K >= 64; below that the pick falls back to ``join``, no SWAP_AB.
     """
     cfg["BLOCK_SIZE_N"] = min(cfg["BLOCK_SIZE_N"], max(16, _next_pow2(shape["N"])))
     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], 1 << int(math.log2(shape["K"])))
@@ -191,7 +193,7 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
     if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
-    if cfg["UNPACK"] == "halves" and cfg["BLOCK_SIZE_K"] < 64:
+    if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
         cfg.update(UNPACK="join", SWAP_AB=0)
     return cfg
 
