@@ -180,7 +180,7 @@ def test_a_compile_task_reports_its_cpu_time_beside_its_wall_time(monkeypatch):
     res = worker.handle(task, device_info())
     assert res["status"] == "ok"
     # process time counts every thread (torch's too): above the wall time under load, by a little
-    assert burn * 1e3 <= res["cpu_ms"] <= res["wall_ms"] * 1.5 + 20
+    assert burn * 1e3 - 1 <= res["cpu_ms"] <= res["wall_ms"] * 1.5 + 20  # - 1: the clocks' float rounding
     monkeypatch.setattr(spec, "run", lambda inputs, config: time.sleep(burn))  # waiting, not computing
     res = worker.handle(task, device_info())
     assert res["wall_ms"] >= burn * 1e3 and res["cpu_ms"] < 0.5 * res["wall_ms"]
