@@ -2,11 +2,14 @@
 
 For --family fp8_decode (DeepSeek-V3 TP=8 by default, at each --tokens) or fp4_prefill
 (DeepSeek-V4-Flash TP=2 by default, at each --routes), both GEMMs: the picker's config ("table")
-against the same config with the --probe switched on, and that with one pipeline stage fewer and more.
+against the same config with the --probe switched on, and that with one pipeline stage fewer and more
+(``gemv``: a grid instead).
 
 - ``w_tma``: W_TMA 1 (weight tiles by TMA copies). A fp8 table pick without fp8 tensor cores (A_FP8 0,
   where W_TMA cannot run) is compared through its A_FP8 2 twin; a fp4 pick with DECODE fp8_scaled
   (32-K slices, no whole tile to copy) through its fp8 twin.
+- ``gemv`` (fp8 only): the route GEMV without tensor cores (A_FP8 0: one launch, no activation split)
+  over BLOCK_SIZE_N x BLOCK_SIZE_K x SPLIT_K x num_warps, the knobs of how it streams the weights.
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
   decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, and with SWAP_AB flipped.
 
@@ -23,6 +26,7 @@ fresh inputs); ``--rounds`` rounds, each config's fastest median kept. Writes ``
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -34,6 +38,13 @@ from moetune.spec import canonical_json, get_spec
 
 def variants(table: dict, probe: str) -> dict[str, dict]:
     out = {"table": dict(table)}
+    if probe == "gemv":  # one launch, no tensor cores: the route GEMV over its streaming knobs
+        base = {**table, "ALGO": "route", "A_FP8": 0, "W_TMA": 0, "SWAP_AB": 0, "FUSE": 0, "PREFETCH": 0,
+                "num_stages": 1}
+        for bn, bk, split, warps in itertools.product((16, 32, 64, 128), (128, 256, 512), (4, 8, 16), (4, 8)):
+            out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}"] = {**base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
+                                                          "SPLIT_K": split, "num_warps": warps}
+        return out
     if probe == "w_tma":
         if "A_FP8" in table:  # fp8 decode
             base = dict(table) if table["A_FP8"] else {**table, "A_FP8": 2, "num_stages": 3}
@@ -61,23 +72,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--family", choices=["fp8_decode", "fp4_prefill"], default="fp8_decode")
-    ap.add_argument("--probe", choices=["w_tma", "lut"], default="w_tma")
+    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv"], default="w_tma")
     ap.add_argument("--model", help="default: deepseek-v3 (fp8), deepseek-v4-flash (fp4)")
     ap.add_argument("--tp", type=int, help="default: 8 (fp8), 2 (fp4)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="fp8 densities")
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576], help="fp4 densities")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--gemm", nargs="+", choices=["gate_up", "down"], default=["gate_up", "down"])
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp8 = args.family == "fp8_decode"
-    if fp8 and args.probe == "lut":
-        ap.error("--probe lut is a fp4_prefill switch")
+    if fp8 == (args.probe == "lut"):
+        ap.error(f"--probe {args.probe} is not a {args.family} switch")
     model = get_model(args.model or ("deepseek-v3" if fp8 else "deepseek-v4-flash"))
     tp = args.tp or (8 if fp8 else 2)
     rows = []
     with Runner() as runner:
-        for gemm in ("gate_up", "down"):
+        for gemm in args.gemm:
             spec = get_spec(f"{args.family}.{gemm}")
             shape = spec.shape_from_model(model, tp)
             for tokens in args.tokens if fp8 else [r // model.top_k for r in args.routes]:
