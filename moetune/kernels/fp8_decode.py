@@ -82,7 +82,10 @@ def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stri
     cores. ``s_ptrs`` is the tile's scale row (one pointer: the scale folds into the activation chunk) or,
     with ROW_SCALES, one pointer per row (a tile that straddles two 128-row scale blocks)."""
     sub = tl.arange(0, 128)
-    acc = tl.zeros([BLOCK_SIZE_N, 128], tl.float32)
+    # Partial sums per 16 consecutive k, which a thread holds (16-byte loads): an in-thread reduction per
+    # chunk keeps the accumulator at BLOCK_SIZE_N x 8 registers' worth instead of x 128, so more
+    # programs fit an SM and more weight loads are in flight.
+    acc = tl.zeros([BLOCK_SIZE_N, 8], tl.float32)
     for k0 in range(k_start, k_end, BLOCK_SIZE_K):
         for j in tl.static_range(BLOCK_SIZE_K // 128):
             kb = k0 + j * 128
@@ -95,9 +98,10 @@ def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stri
                         other=0.0)
             if ROW_SCALES:
                 s = tl.load(s_ptrs + kc, mask=n_mask, other=0.0).to(tl.float32)
-                acc += w.to(tl.float32) * (x[None, :] * s[:, None])
+                prod = w.to(tl.float32) * (x[None, :] * s[:, None])
             else:
-                acc += w.to(tl.float32) * (x * tl.load(s_ptrs + kc).to(tl.float32))[None, :]
+                prod = w.to(tl.float32) * (x * tl.load(s_ptrs + kc).to(tl.float32))[None, :]
+            acc += tl.sum(tl.reshape(prod, (BLOCK_SIZE_N, 8, 16)), axis=2)
     return tl.sum(acc, axis=1)
 
 
@@ -109,7 +113,7 @@ def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_
     without this a GEMV program waits one memory latency per chunk. Loads past the split's end are masked
     off (no traffic)."""
     sub = tl.arange(0, 128)
-    acc = tl.zeros([BLOCK_SIZE_N, 128], tl.float32)
+    acc = tl.zeros([BLOCK_SIZE_N, 8], tl.float32)  # partial sums per 16 k, as in ``_gemv_tile``
     offs_k = k_start + sub
     k_mask = offs_k < k_end
     w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
@@ -123,7 +127,8 @@ def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_
                          other=0.0)
         x_next = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0)
         s_next = tl.load(s_ptr + (tl.minimum(nxt, K - 1) // 128) * stride_sk)
-        acc += w.to(tl.float32) * (x.to(tl.float32) * s.to(tl.float32))[None, :]
+        prod = w.to(tl.float32) * (x.to(tl.float32) * s.to(tl.float32))[None, :]
+        acc += tl.sum(tl.reshape(prod, (BLOCK_SIZE_N, 8, 16)), axis=2)
         w, x, s = w_next, x_next, s_next
     return tl.sum(acc, axis=1)
 
