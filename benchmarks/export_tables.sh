@@ -25,6 +25,7 @@ fp8=(
   $H/fp8_decode_deepseek-v3_tp8_tma_s11.sqlite
   $H/picker_direct_s11.sqlite
   $H/picker_neighbours_s11.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_gemv_s12.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite

@@ -29,6 +29,7 @@ from ._routed_reference import routed_matmul
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 _ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
 _SM90_PROGRAMS = 264  # the same on sm_90 with A_FP8 2 tiles (BN 64): two programs per H200 SM
+_SM90_GEMV_ROWS = 4096  # sm_90, long K: output rows (routes x N) up to which one W8A16 GEMV launch wins
 
 _WEIGHT_CHUNK_BYTES = 1 << 30  # DeepSeek-V3 at TP 1 draws 30 GB of fp32 gate/up weights otherwise
 
@@ -158,14 +159,21 @@ class _Fp8DecodeGemm(KernelSpec):
         DeepSeek-V3's 1 token, S1 at 16), 4 stages up to S2; grouped SWAP_AB BN64 BK256 above one row
         per expert. Against each point's best, this picks 1.000-1.054x at those six gate/up points
         (session 4's rule: 1.048-1.56x, worst at Qwen's 16 tokens, where S8 split a 2048-long K into
-        2-block slices). fp8 tensor-core dots need sm_89+, and other archs are unmeasured, so they keep
-        session 1's rules."""
+        2-block slices). Session 12: with the GEMV's in-thread partial sums, the one-launch W8A16 GEMV
+        (BN32 BK512 S4, 8 warps) beat that pick where a launch's output is at most 4096 rows (DeepSeek-V3
+        gate/up at 1 token: 12.76 against 14.94 us; at 2 tokens the two were within 3%, so the rule stops
+        at 1). fp8 tensor-core dots need sm_89+, and other archs are unmeasured, so they keep session 1's
+        rules."""
         n, k, e = shape["N"], shape["K"], shape["E"]
         if arch == "interpreter":  # fewest programs: the interpreter pays per program
             return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
                     "BLOCK_SIZE_K": 256 if k > 128 else 128}
         long_k = k >= 2048
         if arch == "sm_90":
+            if long_k and routes * n <= _SM90_GEMV_ROWS:
+                # one launch, no activation split: where the launch is a large share of the time
+                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512, "SPLIT_K": 4,
+                        "num_warps": 8}
             if long_k and routes <= e:
                 split = 1  # enough programs for two waves on 132 SMs, no more: a split re-reads nothing
                 while split < 8 and routes * triton.cdiv(n, 64) * split < _SM90_PROGRAMS \
