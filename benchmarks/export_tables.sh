@@ -26,6 +26,8 @@ fp8=(
   $H/picker_direct_s11.sqlite
   $H/picker_neighbours_s11.sqlite
   $H/fp8_decode_deepseek-v3_tp8_gemv_s12.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_gemv1_s12.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
