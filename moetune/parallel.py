@@ -478,8 +478,9 @@ class ParallelSweep(Sweep):
         if not s.started:
             s.started = True
             self.on_event("point", point=pt)
-            if canonical_json(pt.default) not in {o.key for o in self._stored(pt.problem)}:
-                return [pt.default]  # the baseline, always first
+            firsts = self._firsts(pt)  # the baseline (and the user's starts), always first
+            if firsts:
+                return firsts
         if s.strategy is None:
             if s.pending:
                 return []  # the default is being measured; the strategy starts from its result

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .device import DeviceInfo
@@ -86,6 +87,19 @@ def family(kernel: str) -> str:
     return kernel.split(".", 1)[0]
 
 
+def load_starts(path: str | Path) -> list[Config]:
+    """``--start``: a JSON file holding one config (an object) or a list of them. ValueError naming the
+    file when it cannot be read or holds anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--start {path}: cannot read a JSON config list ({e})") from None
+    starts = [data] if isinstance(data, dict) else data
+    if not isinstance(starts, list) or not starts or not all(isinstance(c, dict) and c for c in starts):
+        raise ValueError(f"--start {path}: expected a config object or a non-empty list of them")
+    return starts
+
+
 def as_sibling_hint(spec: KernelSpec, config: Config) -> Config:
     """A config of another op of the same kernel path as a candidate of ``spec``: keys it lacks take
     the default's value, keys ``spec`` does not have are dropped. The ops of one path run one kernel on
@@ -154,7 +168,7 @@ class Sweep:
     def __init__(self, store: Store, runner: Runner, *, strategy: str = DEFAULT_STRATEGY,
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
                  sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None,
-                 retry: Sequence[str] = ()):
+                 retry: Sequence[str] = (), starts: Sequence[Config] = ()):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
@@ -165,6 +179,7 @@ class Sweep:
         self.timed_out = False  # stopped by the time limit (everything measured is stored)
         self.store, self.runner = store, runner
         self.strategy, self.budget, self.seed, self.batch = strategy, budget, seed, batch
+        self.starts = [dict(c) for c in starts]  # the user's warm starts (``--start``), first at every point
         self.on_event = on_event or (lambda *a, **k: None)
         self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
         self.points: list[Point] = []
@@ -305,11 +320,21 @@ class Sweep:
                 break
         return out
 
+    def _firsts(self, pt: Point) -> list[Config]:
+        """What a point measures before its strategy starts, unless the store has it: the default (the
+        baseline), then the user's ``starts`` that lie in the point's space (keys the op lacks dropped,
+        missing ones the default's), whatever the strategy, so they count with its budget."""
+        measured = {o.key for o in self._stored(pt.problem)}
+        starts = [c for c in (as_sibling_hint(pt.spec, c) for c in self.starts)
+                  if canonical_json(c) in pt.keys]
+        firsts = {canonical_json(c): c for c in [pt.default, *starts]}
+        return [c for k, c in firsts.items() if k not in measured]
+
     def _run_point(self, pt: Point, hints: list[Config]) -> None:
         self.on_event("point", point=pt)
-        measured = {o.key for o in self._stored(pt.problem)}
-        if canonical_json(pt.default) not in measured:  # the baseline, always first
-            self._measure(pt, [pt.default])
+        firsts = self._firsts(pt)
+        if firsts:
+            self._measure(pt, firsts)
         if self._out_of_time():
             return
         strategy = get_strategy(self.strategy)

@@ -1,6 +1,7 @@
 """``moetune sweep`` and ``moetune results`` through typer's test runner: output, store, bad input."""
 
 import hashlib
+import json
 
 import crashy_spec  # noqa: F401  (registers test.crashy and test.steady)
 import numpy as np
@@ -78,15 +79,39 @@ def _trace(tmp_path):
     (["--kernel", "test.steady", "--model", "tiny", "--timeout", "0"], "--timeout"),
     (["--kernel", "test.steady", "--model", "tiny", "--routing", "trace:TRACE"], "expected [tokens, 2]"),
     (["--kernel", "test.steady", "--model", "tiny", "--retry", "inaccurate"], "only crash, timeout"),
+    (["--kernel", "test.steady", "--model", "tiny", "--start", "MISSING"], "cannot read a JSON config list"),
+    (["--kernel", "test.steady", "--model", "tiny", "--start", "NOTJSON"], "cannot read a JSON config list"),
+    (["--kernel", "test.steady", "--model", "tiny", "--start", "NUMBERS"], "expected a config object"),
 ])
 def test_bad_input_one_line_no_store(cli, tmp_path, args, message):
     db = tmp_path / "r.sqlite"
-    args = [a.replace("TRACE", str(_trace(tmp_path))) for a in args]
+    (tmp_path / "notjson.json").write_text("{v: 1")
+    (tmp_path / "numbers.json").write_text("[1, 2]")
+    files = {"TRACE": str(_trace(tmp_path)), "MISSING": str(tmp_path / "none.json"),
+             "NOTJSON": str(tmp_path / "notjson.json"), "NUMBERS": str(tmp_path / "numbers.json")}
+    args = [files.get(a, a.replace("TRACE", files["TRACE"])) for a in args]
     res = cli("sweep", *args, "--db", db)
     assert res.exit_code == 2, res.output
     assert message in res.output and "Traceback" not in res.output
     assert res.output.strip().startswith("error:")
     assert not db.exists()  # nothing created, nothing damaged
+
+
+def test_start_configs_are_measured_first_where_the_space_holds_them(cli, tmp_path):
+    """A benchmark's find, handed to the sweep: measured right after the default at every point, with
+    any strategy (random takes no warm starts); a config outside a point's space (v 99) is skipped,
+    keys the op lacks are dropped; they count with the budget."""
+    starts = tmp_path / "starts.json"
+    starts.write_text(json.dumps([{"v": 41, "BLOCK_SIZE_X": 8}, {"v": 99}, {"v": 17}]))
+    db = tmp_path / "s.sqlite"
+    res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1,2", "--strategy",
+              "random", "--budget", "4", "--start", starts, "--db", db)
+    assert res.exit_code == 0, res.output
+    with Store(db) as s:
+        rows = s.frame().sort_values("id")
+    for tokens in (1, 2):
+        order = [json.loads(c)["v"] for c in rows[rows["tokens"] == tokens]["config"]]
+        assert order[1:3] == [41, 17] and 99 not in order and len(order) == 4, order
 
 
 @pytest.mark.parametrize("content", [b"", b"SQLite format 3\x00 but truncated garbage", b"hello"])

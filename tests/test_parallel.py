@@ -514,6 +514,19 @@ def test_pool_keeps_crash_isolation(tmp_path):
     assert sum(per_worker) == 10 and min(per_worker) > 0  # both workers measured
 
 
+def test_start_configs_go_with_the_default_on_a_pool(tmp_path):
+    """--start on several GPUs: each point's first batch is its default and the user's starts in its
+    space; the random strategy then spends the rest of the budget."""
+    backend = LocalBackend([0, 1], timeout=5.0, jobs=1)
+    with Store(tmp_path / "s.sqlite") as store, backend:
+        sweep = ParallelSweep(store, backend, strategy="random", budget=4, starts=[{"v": 5}, {"v": 99}])
+        sweep.run(_problems("test.steady", [1, 2]))
+        rows = store.frame()
+    for tokens in (1, 2):
+        got = [json.loads(c)["v"] for c in rows[rows["tokens"] == tokens]["config"]]
+        assert 5 in got and 0 in got and 99 not in got and len(got) == 4, got
+
+
 def test_pool_accounts_for_its_compile_workers_time(tmp_path):
     """The summary says how busy the compile workers were and how much of their time was CPU: a
     compile-bound sweep whose compile workers sit idle or wait is a scheduling problem, not the compiler."""

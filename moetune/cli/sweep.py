@@ -162,6 +162,9 @@ def sweep(
     full_timing: Annotated[bool, typer.Option(help="time every accurate candidate in full (by default one "
                                                    "that reads over 1.5x the point's best so far keeps "
                                                    "that first, shorter reading)")] = False,
+    start: Annotated[Path | None, typer.Option(help="JSON file of configs (an object or a list) measured "
+                                                     "first at every point whose space holds them, e.g. "
+                                                     "a benchmark's find")] = None,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -170,7 +173,7 @@ def sweep(
     from ..problems import build_plan
     from ..store import Store
     from ..strategies import DEFAULT_STRATEGY, get_strategy
-    from ..sweep import Sweep, check_retry, plan_points
+    from ..sweep import Sweep, check_retry, load_starts, plan_points
     from ._workers import WorkerDisplay
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
@@ -185,6 +188,7 @@ def sweep(
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
         retries = check_retry(split_list(retry))
+        starts = load_starts(start) if start is not None else []
         runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
                                      ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs,
                                      timing={"slow_ratio": 0.0} if full_timing else None)
@@ -200,7 +204,7 @@ def sweep(
             raise
         extra = {"prefetch": prefetch} if driver is not Sweep else {}
         sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                    retry=retries, **extra)
+                    retry=retries, starts=starts, **extra)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
