@@ -47,6 +47,7 @@ fp4=(
   $H/picker_direct_s11.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_lut_s12.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_lut_grid_s12.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 
