@@ -159,19 +159,20 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
 # Bands up to 32 rows and above 64: the best of the session 5 exhaustive reference slice at 6, 24 and 96
 # rows per expert (results/fp4_prefill.md, session 5; the slice held UNPACK halves only, so session 2's
 # asm16 pick above 64 rows, 1.76 ms gate/up at 96 in its own run, was not in it). The 64-row band:
-# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2). Up to 16 rows UNPACK lut since
-# session 12: that tile with lut (and W_TMA) 0.449 / 0.236 ms against 0.548 / 0.289 ms with halves at 6 rows,
-# and lut won the session-12 sweep at every density from 3 to 12 rows (results/fp4_prefill.md, session 12).
+# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2). Up to 32 rows UNPACK lut since
+# session 12: the 16-row tile with lut (and W_TMA) 0.449 / 0.236 ms against 0.548 / 0.289 ms with halves at
+# 6 rows, and lut won the session-12 sweeps at every density from 3 to 24 rows (results/fp4_prefill.md,
+# session 12); the 32-row band's tile is those sweeps' best at 18 and 24 rows for both GEMMs.
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
         (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.449 ms at 6 (halves 0.548, session 2 0.67)
-        (32, _t(32, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.792 ms at 24 (0.88)
+        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.660 ms at 24 (halves BN64 0.70, 0.79)
         (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.401 ms at 96 (1.76)
     ),
     "down": (
         (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.236 ms at 6 (halves 0.289)
-        (32, _t(32, 128, 64, 4, 3, 8, "fp8", "halves", 1)),   # 0.391 ms at 24 (0.51)
+        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.316 ms at 24 (halves 0.36, 0.39)
         (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 0.810 ms at 96 (1.04)
     ),
