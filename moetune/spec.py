@@ -223,6 +223,11 @@ class KernelSpec:
         """Expected outputs, computed in fp32 or better from the same quantized data."""
         raise NotImplementedError
 
+    def collect(self, inputs: Inputs, config: Config) -> None:
+        """After ``run`` and before the accuracy check, never timed: bring what ``run`` wrote into
+        ``inputs.outputs``' form, for an op whose natural output is not the reference's (e.g. K-split
+        partials that the next kernel of the layer sums as it reads them). Default: nothing."""
+
     def poison(self, inputs: Inputs) -> None:
         """Fill outputs with NaN (float) or 0xA5 bytes so unwritten elements are caught."""
         for t in inputs.outputs:

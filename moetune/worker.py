@@ -102,6 +102,7 @@ class _Candidate:
         clock.lap("reference")
         spec.poison(inputs)
         self._run(inputs)
+        spec.collect(inputs, self.config)
         err = float(spec.error(inputs.outputs, expected))
         out: dict[str, Any] = {"error": err, "bytes": int(spec.bytes_moved(problem, inputs)),
                                "flops": int(spec.flops(problem, inputs)), "phases_ms": clock.ms}
