@@ -28,6 +28,7 @@ fp8=(
   $H/fp8_decode_deepseek-v3_tp8_gemv_s12.sqlite
   $H/fp8_decode_deepseek-v3_tp8_gemv1_s12.sqlite
   $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_parts_s12.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
