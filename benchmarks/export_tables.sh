@@ -29,6 +29,7 @@ fp8=(
   $H/fp8_decode_deepseek-v3_tp8_gemv1_s12.sqlite
   $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite
   $H/fp8_decode_deepseek-v3_tp8_parts_s12.sqlite
+  $H/picker_direct_s12.sqlite
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
@@ -49,6 +50,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_lut_s12.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_lut_grid_s12.sqlite
   $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite
+  $H/picker_direct_s12.sqlite
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 
