@@ -51,6 +51,8 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     # lut: re-based e4m3 bytes by table lookup, two dots of K/2 (K tails of 32 again)
     (_cfg(16, 64, 128, "fp8", "lut"), _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1)),
     (_cfg(32, 32, 64, "fp8_row", "lut", SWAP_AB=1, W_TMA=1), _cfg(16, 128, 128, "fp8", "lut", W_TMA=1)),
+    # M tiles over N tiles: the weights are put back in k order instead (one dot)
+    (_cfg(64, 32, 64, "fp8", "lut"), _cfg(128, 64, 128, "fp8_row", "lut", SWAP_AB=1, W_TMA=1)),
     # W_TMA: packed weight tiles by TMA copies, zeros past N and K (partial tiles in both GEMMs)
     (_cfg(16, 64, 128, "fp8", "halves", SWAP_AB=1, W_TMA=1), _cfg(32, 64, 64, "fp8_row", W_TMA=1)),
     (_cfg(64, 128, 64, "bf16", "asm", W_TMA=1), _cfg(16, 32, 128, "f16", "asm16", SWAP_AB=1, W_TMA=1)),

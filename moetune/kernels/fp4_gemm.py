@@ -24,8 +24,9 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   in a ``prmt`` table lookup: the 8 magnitudes times ``2^(1 - d)`` are one 8-byte pool per
   re-base distance d (``e4m3_pools``, 16 pools), so a register of 4 packed bytes costs about
   10 integer instructions for its 8 weights, with no fp16 multiply and no fp16 -> e4m3
-  conversion. Codes come out in groups of four (k0-3 and k4-7 of each register), so the
-  activations are split the same way and each half is one dot of K = BLOCK_SIZE_K / 2.
+  conversion. Codes come out in groups of four (k0-3 and k4-7 of each register): with M tiles
+  up to the N tile the activations are split the same way and each half is one dot of
+  K = BLOCK_SIZE_K / 2; with larger M tiles the (smaller) weight tile is put back in k order.
   Bit-identical to ``halves`` with ``fp8`` on the GPU.
 
 ``SWAP_AB`` computes the transposed tile ``W @ A.T`` (BLOCK_SIZE_N x BLOCK_SIZE_M): the
@@ -190,6 +191,13 @@ mov.b32 $0, {q0, q1};
 mov.b32 $1, {q2, q3};
 }
 """)
+
+
+@triton.jit
+def _unquads(first, second, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """The inverse of ``_quads``: two [ROWS, COLS // 2] halves back into one [ROWS, COLS] in k order."""
+    q = tl.join(tl.reshape(first, (ROWS, COLS // 8, 4)), tl.reshape(second, (ROWS, COLS // 8, 4)))
+    return tl.reshape(tl.permute(q, (0, 1, 3, 2)), (ROWS, COLS))
 
 
 @triton.jit
@@ -408,8 +416,11 @@ def fp4_moe_gemm_kernel(
                     smax = tl.max(s, axis=1)
                 b, b2 = _lut_quads(packed, tl.minimum(smax[:, None] - s, LUT_MAX_D), lut_ptr, BLOCK_SIZE_N, G,
                                    USE_ASM)
-                a1, a2 = _quads(a, BLOCK_SIZE_M, BLOCK_SIZE_K)
-                part = _mm(a2, b2, _mm(a1, b, tl.zeros_like(acc), SWAP_AB), SWAP_AB)
+                if BLOCK_SIZE_M > BLOCK_SIZE_N:  # reorder the smaller tile: here the weights, one dot
+                    part = _mm(a, _unquads(b, b2, BLOCK_SIZE_N, BLOCK_SIZE_K), tl.zeros_like(acc), SWAP_AB)
+                else:  # the activations split the same way, two dots of K / 2
+                    a1, a2 = _quads(a, BLOCK_SIZE_M, BLOCK_SIZE_K)
+                    part = _mm(a2, b2, _mm(a1, b, tl.zeros_like(acc), SWAP_AB), SWAP_AB)
             else:
                 # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
                 if UNPACK == 1:
