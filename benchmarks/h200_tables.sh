@@ -5,7 +5,8 @@
 #   OUT=/tmp/out bash benchmarks/h200_tables.sh [stage ...]
 #
 # Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
-# `active` its active fractions 1/2 and 1/4, `zipf` skewed routing for fp4, `retime` checks a sweep's
+# `active` its active fractions 1/2 and 1/4, `splits` re-sweeps the other fp8 models at 1-16 tokens
+# (session 12's split timing), `zipf` skewed routing for fp4, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `direct` sweeps densities
@@ -62,6 +63,12 @@ for st in "${stages[@]}"; do
     active)  # active fractions 1/2 and 1/4 for the fp8 models first swept at active 1 only
       for mt_ in deepseek-v3:1 kimi-k2:8 qwen3-235b-a22b:4 qwen3-235b-a22b:1 qwen3-30b-a3b:1 qwen3-30b-a3b:4; do
         sweep -m "${mt_%%:*}" --tp "${mt_##*:}" -k fp8_decode --active 0.5,0.25
+      done ;;
+    splits)  # session 12: K splits timed without their sum launch; refresh the other fp8 models' tables
+      # around what they pick (coordinate from the tables), at the densities where splits are chosen
+      for mt_ in deepseek-v3:1 kimi-k2:8 qwen3-235b-a22b:4 qwen3-235b-a22b:1 qwen3-30b-a3b:1 qwen3-30b-a3b:4; do
+        sweep -m "${mt_%%:*}" --tp "${mt_##*:}" -k fp8_decode --tokens 1,2,4,8,16 --active 1 \
+          --strategy coordinate
       done ;;
     zipf)  # skewed routing for the fp4 prefill shapes
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2
