@@ -48,8 +48,26 @@ def test_constraints_prune_without_duplicates(name):
     assert "BLOCK_SIZE_K" in spec.constraint({**spec.default, "BLOCK_SIZE_K": 64}, problem, H200)
     assert "unknown" in spec.constraint({**spec.default, "GROUP_SIZE_M": 8}, problem, H200)
     tiny = DeviceInfo("tiny", "sm_80", 1, 16 * 1024, 0, True)
-    big = {**spec.default, "ALGO": "grouped", "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 256, "num_stages": 4}
+    big = {**spec.default, "ALGO": "grouped", "BLOCK_SIZE_N": 256, "num_stages": 4}
     assert "shared memory" in spec.constraint(big, problem, tiny)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_m_blocks_of_mostly_padding_are_pruned(name):
+    """Grouped M tiles up to 8x the routes per expert (at least 16) with uniform routing: DeepSeek-V3 TP8
+    (256 experts) keeps only M 16 up to 64 tokens (2 routes an expert) and gets M 32 and 64 back at
+    256 (8 an expert); skewed routing keeps the bound by routes, since one expert may take most."""
+    spec = get_spec(name)
+    shape = spec.shape_from_model(get_model("deepseek-v3"), tp=8)
+    tile = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "SWAP_AB": 1, "num_stages": 3}
+    for tokens, routing, allowed in ((16, "uniform", (16,)), (64, "uniform", (16,)),
+                                     (256, "uniform", (16, 32, 64)), (16, "zipf:1.2", (16, 32, 64))):
+        problem = spec.problem(shape, tokens, routing=routing)
+        for bm in (16, 32, 64):
+            reason = spec.constraint({**tile, "BLOCK_SIZE_M": bm}, problem, H200)
+            assert (reason is None) == (bm in allowed), (tokens, routing, bm, reason)
+            if reason:
+                assert "padding" in reason
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -170,10 +188,10 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
 
 def test_every_split_k_of_a_tile_runs_one_binary():
     """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized,
-    as the K blocks each split takes: a full space's 24162 gate/up configs (DeepSeek-V3 TP8) need 5094
-    binaries, not 24162. The sm_90 code divides nothing per program for it, nor for the activation row
-    (A_ROW_DIV is a constexpr; compiled here without a GPU): down's default tile runs many short
-    programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
+    as the K blocks each split takes: DeepSeek-V3 TP8 gate/up's space at 256 tokens, 24162 configs,
+    needs 5094 binaries, not 24162. The sm_90 code divides nothing per program for it, nor for the
+    activation row (A_ROW_DIV is a constexpr; compiled here without a GPU): down's default tile runs
+    many short programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
     from sm90_compile import compile_sm90, param_flags
 
     kernels = [f"moetune.kernels.fp8_decode.{k}"
