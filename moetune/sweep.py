@@ -320,6 +320,11 @@ class Sweep:
                 break
         return out
 
+    def unused_starts(self) -> list[int]:
+        """Indices of the user's ``starts`` that lie in no planned point's space (after ``plan``)."""
+        return [i for i, c in enumerate(self.starts)
+                if not any(canonical_json(as_sibling_hint(pt.spec, c)) in pt.keys for pt in self.points)]
+
     def _firsts(self, pt: Point) -> list[Config]:
         """What a point measures before its strategy starts, unless the store has it: the default (the
         baseline), then the user's ``starts`` that lie in the point's space (keys the op lacks dropped,

@@ -107,6 +107,8 @@ def test_start_configs_are_measured_first_where_the_space_holds_them(cli, tmp_pa
     res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1,2", "--strategy",
               "random", "--budget", "4", "--start", starts, "--db", db)
     assert res.exit_code == 0, res.output
+    assert "--start config 2" in res.output and "in no point's space" in res.output
+    assert "--start config 1 " not in res.output and "--start config 3 " not in res.output
     with Store(db) as s:
         rows = s.frame().sort_values("id")
     for tokens in (1, 2):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import statistics
 import time
 from pathlib import Path
@@ -209,6 +210,9 @@ def sweep(
     interpreter = not device.is_gpu
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
+    for i in sw.unused_starts():
+        console.print(f"[yellow]note:[/] --start config {i + 1} ({json.dumps(starts[i])}) is in no point's "
+                      "space (a value the space lacks, or pruned by a constraint): not measured")
     if interpreter:
         console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter; accuracy checks "
                       "are real, times are meaningless")
