@@ -1,4 +1,4 @@
-"""The inline-PTX E2M1 decodes, executed by a tiny emulator of the PTX integer ops they use.
+"""The inline-PTX E2M1 decodes, executed by a tiny emulator of the PTX ops they use.
 
 The interpreter runs the Triton twins of these strings, so without this the PTX itself would be
 checked only on the GPU. Registers follow ``inline_asm_elementwise`` with pack=4: the outputs
@@ -9,9 +9,16 @@ input register holding bytes b0..b3 (b0 lowest).
 import re
 import struct
 
+import numpy as np
 import torch
 
-from moetune.kernels.fp4_gemm import _E2M1_TO_E4M3_ASM, _E2M1_TO_E4M3_LUT_ASM, _E2M1_TO_F16_ASM, e4m3_pools
+from moetune.kernels.fp4_gemm import (
+    _E2M1_TO_E4M3_ASM,
+    _E2M1_TO_E4M3_LUT_ASM,
+    _E2M1_TO_F16_ASM,
+    _E4M3_POOL_ASM,
+    e4m3_pools,
+)
 from moetune.quant.mxfp4 import E2M1_VALUES
 
 M32 = 0xFFFFFFFF
@@ -22,14 +29,39 @@ def _prmt(a: int, b: int, sel: int) -> int:
     return sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
 
 
+def _halves(x: int) -> list[int]:
+    return [x & 0xFFFF, x >> 16]
+
+
+def _mul_f16x2(a: int, b: int) -> int:
+    """mul.rn.f16x2: each 16-bit lane an IEEE half product, rounded to nearest even (numpy's float16)."""
+    x, y = (np.array(_halves(v), dtype=np.uint16).view(np.float16) for v in (a, b))
+    lo, hi = (x * y).astype(np.float16).view(np.uint16).tolist()
+    return lo | hi << 16
+
+
+def _cvt_e4m3x2(a: int) -> int:
+    """cvt.rn.satfinite.e4m3x2.f16x2: the lower lane to the lower byte (torch's round-to-nearest-even
+    e4m3 cast of the exact half values; the values here never need the saturation)."""
+    lanes = torch.from_numpy(np.array(_halves(a), dtype=np.uint16).view(np.float16).astype(np.float32))
+    lo, hi = lanes.to(torch.float8_e4m3fn).view(torch.uint8).tolist()
+    return lo | hi << 8
+
+
 def _run(ptx: str, regs: dict[str, int]) -> dict[str, int]:
     ops = {"shl.b32": lambda x, y: (x << y) & M32, "shr.b32": lambda x, y: x >> y,
-           "and.b32": lambda x, y: x & y, "or.b32": lambda x, y: x | y}
+           "and.b32": lambda x, y: x & y, "or.b32": lambda x, y: x | y, "sub.u32": lambda x, y: (x - y) & M32,
+           "mov.b32": lambda x: x, "mul.rn.f16x2": _mul_f16x2, "cvt.rn.satfinite.e4m3x2.f16x2": _cvt_e4m3x2}
     for line in ptx.splitlines():
         line = line.strip().rstrip(";")
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, args = line.split(None, 1)
+        if op == "mov.b32" and "{" in args:  # packing two 16-bit registers, the first the lower half
+            dst, pair = args.split(",", 1)
+            lo, hi = (regs[r.strip()] for r in pair.strip(" {}").split(","))
+            regs[dst.strip()] = lo | hi << 16
+            continue
         dst, *src = [a.strip() for a in args.split(",")]
         vals = [int(s, 0) if re.fullmatch(r"0x[0-9A-Fa-f]+|\d+", s) else regs[s] for s in src]
         if op == "prmt.b32":
@@ -89,3 +121,11 @@ def test_lut_ptx_looks_up_every_code_at_every_rebase_distance():
             assert got == [want[c] for c in codes]
             signs = [out[r] >> 8 * i & 0x80 for r in ("$0", "$1") for i in range(4)]
             assert signs == [(c & 8) << 4 for c in codes]
+
+
+def test_pool_ptx_makes_the_interpreters_table_at_every_rebase_distance():
+    """The GPU makes lut's pools in registers (f16x2 products, RNE e4m3 conversion); the interpreter reads
+    ``e4m3_pools``. Both must give the same bytes, the subnormal and zero pools included."""
+    for d, (lo, hi) in enumerate(e4m3_pools(torch.device("cpu")).tolist()):
+        out = _run(_E4M3_POOL_ASM.value, {"$2": d})
+        assert (out["$0"], out["$1"]) == (lo & M32, hi & M32), d

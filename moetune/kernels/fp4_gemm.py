@@ -22,7 +22,8 @@ inside the K loop with integer ops and no lookup table; two switches pick how.
   shuffles of the decoded weights. Needs BLOCK_SIZE_K >= 64 (fp8 dots need K >= 32).
 - ``lut`` (DECODE ``fp8``/``fp8_row`` only): each code becomes its final re-based e4m3 byte
   in a ``prmt`` table lookup: the 8 magnitudes times ``2^(1 - d)`` are one 8-byte pool per
-  re-base distance d (``e4m3_pools``, 16 pools), so a register of 4 packed bytes costs about
+  re-base distance d (made in registers once per row and 32-K group on the GPU; the
+  interpreter reads ``e4m3_pools``), so a register of 4 packed bytes costs about
   10 integer instructions for its 8 weights, with no fp16 multiply and no fp16 -> e4m3
   conversion. Codes come out in groups of four (k0-3 and k4-7 of each register): with M tiles
   up to the N tile the activations are split the same way and each half is one dot of
