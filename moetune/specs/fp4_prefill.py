@@ -190,10 +190,6 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
     """
     cfg["BLOCK_SIZE_N"] = min(cfg["BLOCK_SIZE_N"], max(16, _next_pow2(shape["N"])))
     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], 1 << int(math.log2(shape["K"])))
-    if cfg["W_TMA"] not in (0, 1) or isinstance(cfg["W_TMA"], bool):
-        raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
-    if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
-        raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
     if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
         cfg.update(UNPACK="join", SWAP_AB=0)
     return cfg
