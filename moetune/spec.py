@@ -144,6 +144,13 @@ class KernelSpec:
         except TypeError:  # unhashable values: check without the cache
             return self._check_reason(config)
 
+    def dominated(self, config: Config, device: DeviceInfo) -> str | None:
+        """Why a sweep need not try ``config`` on ``device`` although the kernel runs it (None when it
+        should): a design that measurements on this kind of device show never wins. Unlike
+        :meth:`constraint` this only narrows the search (``moetune sweep --full-space`` ignores it);
+        tables and explicit configs may still use such a design. Default: nothing is dominated."""
+        return None
+
     def canonical(self, config: Config) -> Config:
         """One representative of the configs that build the same kernel (keys the kernel ignores in
         this config set to what the constraint keeps); export pools stored rows of equivalent configs

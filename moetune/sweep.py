@@ -129,23 +129,27 @@ def _space(spec: KernelSpec) -> list[tuple[Config, str]]:
     return _SPACES[ident]
 
 
-def _constrain(spec: KernelSpec, problem: Problem, device: DeviceInfo
+def _constrain(spec: KernelSpec, problem: Problem, device: DeviceInfo, full_space: bool
                ) -> tuple[list[Config], list[str], frozenset, int]:
     space = _space(spec)
+    if not full_space:
+        space = [(cfg, key) for cfg, key in space if spec.dominated(cfg, device) is None]
     kept = [(cfg, key) for cfg, key in space if spec.constraint(cfg, problem, device) is None]
     keys = [key for _, key in kept]
-    return [cfg for cfg, _ in kept], keys, frozenset(keys), len(space) - len(kept)
+    return [cfg for cfg, _ in kept], keys, frozenset(keys), len(_space(spec)) - len(kept)
 
 
-def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo, memo: dict | None = None) -> Point:
-    """The constrained candidate list; ValueError when nothing survives the constraints. ``memo``
-    shares one constraint pass among points whose :meth:`KernelSpec.constraint_key` is equal."""
+def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo, memo: dict | None = None, *,
+               full_space: bool = False) -> Point:
+    """The constrained candidate list, without the designs the spec marks dominated on ``device`` unless
+    ``full_space``; ValueError when nothing survives. ``memo`` shares one constraint pass among points
+    whose :meth:`KernelSpec.constraint_key` is equal."""
     if memo is None:
-        cfgs, keys, key_set, pruned = _constrain(spec, problem, device)
+        cfgs, keys, key_set, pruned = _constrain(spec, problem, device, full_space)
     else:
-        ident = (spec.name, spec.constraint_key(problem), device)
+        ident = (spec.name, spec.constraint_key(problem), device, full_space)
         if ident not in memo:
-            memo[ident] = _constrain(spec, problem, device)
+            memo[ident] = _constrain(spec, problem, device, full_space)
         cfgs, keys, key_set, pruned = memo[ident]
     if not keys:
         raise ValueError(f"{problem.describe()}: no candidate config passes the constraints "
@@ -154,12 +158,12 @@ def plan_point(spec: KernelSpec, problem: Problem, device: DeviceInfo, memo: dic
                  candidate_keys=list(keys))
 
 
-def plan_points(problems: Sequence[Problem], device: DeviceInfo) -> list[Point]:
+def plan_points(problems: Sequence[Problem], device: DeviceInfo, *, full_space: bool = False) -> list[Point]:
     """Constrain every problem's space up front: bad input fails before a store or worker is touched.
     Points that differ only in what their spec's constraint does not read share one pass over the space
     (a 54-point decode sweep has a dozen distinct ones)."""
     memo: dict = {}
-    return [plan_point(get_spec(p.kernel), p, device, memo) for p in problems]
+    return [plan_point(get_spec(p.kernel), p, device, memo, full_space=full_space) for p in problems]
 
 
 class Sweep:
@@ -168,7 +172,7 @@ class Sweep:
     def __init__(self, store: Store, runner: Runner, *, strategy: str = DEFAULT_STRATEGY,
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
                  sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None,
-                 retry: Sequence[str] = (), starts: Sequence[Config] = ()):
+                 retry: Sequence[str] = (), starts: Sequence[Config] = (), full_space: bool = False):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
@@ -180,6 +184,7 @@ class Sweep:
         self.store, self.runner = store, runner
         self.strategy, self.budget, self.seed, self.batch = strategy, budget, seed, batch
         self.starts = [dict(c) for c in starts]  # the user's warm starts (``--start``), first at every point
+        self.full_space = full_space  # also the designs the specs mark dominated (``--full-space``)
         self.on_event = on_event or (lambda *a, **k: None)
         self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
         self.points: list[Point] = []
@@ -221,7 +226,8 @@ class Sweep:
         """Take the problems (or points already planned by :func:`plan_points`) and what the store holds."""
         self.device = device
         memo: dict = {}
-        self.points = [p if isinstance(p, Point) else plan_point(get_spec(p.kernel), p, device, memo)
+        self.points = [p if isinstance(p, Point)
+                       else plan_point(get_spec(p.kernel), p, device, memo, full_space=self.full_space)
                        for p in problems]
         for pt in self.points:
             stored = self._stored(pt.problem)

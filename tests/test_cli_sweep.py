@@ -146,3 +146,25 @@ def test_full_timing_turns_the_short_readings_off(cli, tmp_path, monkeypatch):
                   "--strategy", "random", "--budget", "1", "--db", tmp_path / "r.sqlite", "--quiet", *flag)
         assert res.exit_code == 0, res.output
     assert seen == [None, {"slow_ratio": 0.0}]
+
+
+def test_dominated_designs_are_skipped_unless_full_space(cli, tmp_path, monkeypatch):
+    """A spec's dominated designs (odd v here) stay out of the search, starts included, and the pruned
+    count says so; --full-space searches them too."""
+    from crashy_spec import STEADY_WIDE
+
+    monkeypatch.setattr(STEADY_WIDE, "dominated", lambda config, device: "odd" if config["v"] % 2 else None,
+                        raising=False)
+    starts = tmp_path / "starts.json"
+    starts.write_text(json.dumps([{"v": 41}]))
+    seen = {}
+    for flag in ([], ["--full-space"]):
+        db = tmp_path / f"d{len(flag)}.sqlite"
+        res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1", "--strategy",
+                  "exhaustive", "--start", starts, "--db", db, "--quiet", *flag)
+        assert res.exit_code == 0, res.output
+        assert ("--start config 1" in res.output) == (not flag)
+        assert f"({0 if flag else 24} pruned)" in res.output
+        with Store(db) as s:
+            seen[bool(flag)] = sorted(json.loads(c)["v"] for c in s.frame()["config"])
+    assert seen[False] == list(range(0, 48, 2)) and seen[True] == list(range(48))

@@ -251,3 +251,27 @@ def test_w_tma_only_where_tma_can_address_the_weights():
     assert spec.constraint({**tile, "W_TMA": 0}, odd, H200) is None
     with pytest.raises(ValueError, match="W_TMA"):
         spec.check_config({**tile, "A_FP8": 0})
+
+
+def test_sm90_skips_the_designs_the_h200_stores_show_never_win():
+    """grouped A_FP8 0, PREFETCH 1 and A_FP8 1 are dominated on sm_90 only; they still pass the
+    constraints (tables and explicit configs may use them) and --full-space plans them again.
+    DeepSeek-V3 TP8 gate/up at 16 tokens: 10404 candidates, 2208 binaries -> 4524 and 960."""
+    from moetune.sweep import plan_point
+
+    spec = get_spec("fp8_decode.gate_up")
+    a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 40 << 20, True)
+    for cfg in ({"ALGO": "grouped", "A_FP8": 0}, {"PREFETCH": 1}, {"A_FP8": 1},
+                {"ALGO": "grouped", "A_FP8": 1}):
+        full = {**spec.default, **cfg}
+        assert spec.dominated(full, H200) and spec.dominated(full, a100) is None
+    for cfg in ({}, {"ALGO": "grouped", "A_FP8": 2}, {"A_FP8": 2, "W_TMA": 1}):
+        assert spec.dominated({**spec.default, **cfg}, H200) is None
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    problem = spec.problem(shape, tokens=16)
+    searched = plan_point(spec, problem, H200)
+    full = plan_point(spec, problem, H200, full_space=True)
+    assert (len(searched.candidates), len(full.candidates)) == (4524, 10404)
+    assert searched.pruned == full.pruned + 10404 - 4524
+    assert len({spec.binary_key(c) for c in searched.candidates}) == 960
+    assert not any(spec.dominated(c, H200) for c in searched.candidates)

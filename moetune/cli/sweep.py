@@ -166,6 +166,9 @@ def sweep(
     start: Annotated[Path | None, typer.Option(help="JSON file of configs (an object or a list) measured "
                                                      "first at every point whose space holds them, e.g. "
                                                      "a benchmark's find")] = None,
+    full_space: Annotated[bool, typer.Option(help="also search the designs a kernel marks dominated on this "
+                                                  "device (measured never to win there; see its spec)")
+                          ] = False,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -197,7 +200,7 @@ def sweep(
             runner.launch()
         try:
             t_plan = time.monotonic()
-            points = plan_points(plan.problems, device)
+            points = plan_points(plan.problems, device, full_space=full_space)
             startup = {"planned": time.monotonic() - t_plan}
             store = Store(db)
         except ValueError:
@@ -205,14 +208,15 @@ def sweep(
             raise
         extra = {"prefetch": prefetch} if driver is not Sweep else {}
         sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                    retry=retries, starts=starts, **extra)
+                    retry=retries, starts=starts, full_space=full_space, **extra)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
     for i in sw.unused_starts():
         console.print(f"[yellow]note:[/] --start config {i + 1} ({json.dumps(starts[i])}) is in no point's "
-                      "space (a value the space lacks, or pruned by a constraint): not measured")
+                      "space (a value the space lacks, pruned by a constraint, or a dominated design: "
+                      "--full-space searches those): not measured")
     if interpreter:
         console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter; accuracy checks "
                       "are real, times are meaningless")
