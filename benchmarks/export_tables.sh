@@ -30,6 +30,9 @@ fp8=(
   $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite
   $H/fp8_decode_deepseek-v3_tp8_parts_s12.sqlite
   $H/picker_direct_s12.sqlite
+  $H/fp8_decode_deepseek-v3_tp8_exhaustive_s13.sqlite.gz
+  results/tuner_s13/exhaustive_searched.sqlite.gz
+  results/tuner_s13/exhaustive_full_space.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
@@ -54,7 +57,16 @@ fp4=(
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
 
-dbs() { for f in "$@"; do printf -- '--db\n%s\n' "$f"; done; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+unzipped() {  # a gzipped store (too large to commit raw) is read from a decompressed copy
+  case $1 in
+    *.sqlite.gz) local out; out="$tmp/$(echo "$1" | tr / _)"; out=${out%.gz}
+                 [ -e "$out" ] || gunzip -c "$1" > "$out"; echo "$out" ;;
+    *) echo "$1" ;;
+  esac
+}
+dbs() { for f in "$@"; do printf -- '--db\n%s\n' "$(unzipped "$f")"; done; }
 export_family() {
   local family=$1; shift
   mapfile -t args < <(dbs "$@")
