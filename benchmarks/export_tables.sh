@@ -10,63 +10,54 @@
 set -eu
 H=results/h200_tables
 fp8=(
-  $H/fp8_decode_deepseek-v3_tp8.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_s4.sqlite
-  $H/fp8_decode_qwen3-30b-tp1_kimi-k2-tp8_s4.sqlite
+  $H/fp8_decode_deepseek-v3_tp8.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_s4.sqlite.gz
+  $H/fp8_decode_qwen3-30b-tp1_kimi-k2-tp8_s4.sqlite.gz
   results/reference/reference.csv.gz
-  $H/fp8_decode_qwen3-235b-tp4_s6.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_s6.sqlite
-  $H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_gate_up_s6_standin.sqlite
-  $H/fp8_decode_active_s7.sqlite
-  $H/fp8_decode_deepseek-v3-tp1_active_s9.sqlite
-  $H/picker_direct_s10.sqlite
-  $H/grid_s11.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_tma_s11.sqlite
-  $H/picker_direct_s11.sqlite
-  $H/picker_neighbours_s11.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_gemv_s12.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_gemv1_s12.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite
-  $H/fp8_decode_deepseek-v3_tp8_parts_s12.sqlite
-  $H/picker_direct_s12.sqlite
+  $H/fp8_decode_qwen3-235b-tp4_s6.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_s6.sqlite.gz
+  $H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_gate_up_s6_standin.sqlite.gz
+  $H/fp8_decode_active_s7.sqlite.gz
+  $H/fp8_decode_deepseek-v3-tp1_active_s9.sqlite.gz
+  $H/picker_direct_s10.sqlite.gz
+  $H/grid_s11.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_tma_s11.sqlite.gz
+  $H/picker_direct_s11.sqlite.gz
+  $H/picker_neighbours_s11.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_gemv_s12.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_gemv1_s12.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_gate_up_1_64_s12.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_parts_s12.sqlite.gz
+  $H/picker_direct_s12.sqlite.gz
   $H/fp8_decode_deepseek-v3_tp8_exhaustive_s13.sqlite.gz
   results/tuner_s13/exhaustive_searched.sqlite.gz
   results/tuner_s13/exhaustive_full_space.sqlite.gz
 )
 fp4=(
-  $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz
   results/reference/reference.csv.gz
-  $H/fp4_prefill_deepseek-v4-flash_tp2_s6.sqlite
-  $H/fp4_prefill_deepseek-v4-flash-tp1_gpt-oss-120b_s6.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_recheck.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_standin.sqlite
-  $H/fp4_prefill_gpt-oss-120b_gate_up_s6_recheck.sqlite
-  $H/fp4_prefill_gpt-oss-120b_down_s6_recheck.sqlite
-  $H/fp4_prefill_zipf_s7.sqlite
-  $H/fp4_prefill_retime_s7.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_s10.sqlite
-  $H/picker_direct_s10.sqlite
-  $H/grid_s11.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_tma_s11.sqlite
-  $H/picker_direct_s11.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_lut_s12.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_lut_grid_s12.sqlite
-  $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite
-  $H/picker_direct_s12.sqlite
+  $H/fp4_prefill_deepseek-v4-flash_tp2_s6.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash-tp1_gpt-oss-120b_s6.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_recheck.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_gate_up_s6_standin.sqlite.gz
+  $H/fp4_prefill_gpt-oss-120b_gate_up_s6_recheck.sqlite.gz
+  $H/fp4_prefill_gpt-oss-120b_down_s6_recheck.sqlite.gz
+  $H/fp4_prefill_zipf_s7.sqlite.gz
+  $H/fp4_prefill_retime_s7.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_s10.sqlite.gz
+  $H/picker_direct_s10.sqlite.gz
+  $H/grid_s11.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_tma_s11.sqlite.gz
+  $H/picker_direct_s11.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_lut_s12.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_lut_grid_s12.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite.gz
+  $H/picker_direct_s12.sqlite.gz
 )
-gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite)
+gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-unzipped() {  # a gzipped store (too large to commit raw) is read from a decompressed copy
-  case $1 in
-    *.sqlite.gz) local out; out="$tmp/$(echo "$1" | tr / _)"; out=${out%.gz}
-                 [ -e "$out" ] || gunzip -c "$1" > "$out"; echo "$out" ;;
-    *) echo "$1" ;;
-  esac
-}
-dbs() { for f in "$@"; do printf -- '--db\n%s\n' "$(unzipped "$f")"; done; }
+dbs() { for f in "$@"; do printf -- '--db\n%s\n' "$f"; done; }
 export_family() {
   local family=$1; shift
   mapfile -t args < <(dbs "$@")

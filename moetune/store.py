@@ -9,11 +9,14 @@ is refused with a ValueError and never written to.
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import math
 import os
+import shutil
 import socket
 import sqlite3
+import tempfile
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -298,20 +301,35 @@ class Store:
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
 
+_STORE_SUFFIXES = (".sqlite", ".db", ".sqlite3")
+
+
 def read_frame(path: str | Path, option: str = "--data"):
-    """Rows of a results store (.sqlite/.db) or of an export of one (``moetune results --csv/--parquet``:
-    .csv, .csv.gz, .parquet), as a pandas DataFrame; errors name the command-line ``option``."""
+    """Rows of a results store (.sqlite/.db, or gzipped: .sqlite.gz, as stores are committed) or of an
+    export of one (``moetune results --csv/--parquet``: .csv, .csv.gz, .parquet), as a pandas DataFrame;
+    errors name the command-line ``option``."""
     import pandas as pd
 
     path = Path(path)
     name = path.name.lower()
-    if name.endswith((".sqlite", ".db", ".sqlite3")):  # the store says itself what is wrong with it
+    if name.endswith(_STORE_SUFFIXES):  # the store says itself what is wrong with it
         with Store(path, readonly=True) as store:
             return store.frame()
     if not path.exists():
         raise FileNotFoundError(f"{option}: no such file {path}")
+    if name.endswith(tuple(s + ".gz" for s in _STORE_SUFFIXES)):
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = Path(tmp) / path.name[:-3]
+            try:
+                with gzip.open(path, "rb") as src, open(plain, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            except (OSError, EOFError) as e:
+                raise ValueError(f"{option}: cannot read {path} as a gzipped store: {e}") from e
+            with Store(plain, readonly=True) as store:
+                return store.frame()
     if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
         return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
     if name.endswith(".parquet"):
         return pd.read_parquet(path)
-    raise ValueError(f"{option}: unknown format {path.name!r} (use .sqlite, .csv, .csv.gz or .parquet)")
+    raise ValueError(f"{option}: unknown format {path.name!r} "
+                     "(use .sqlite, .sqlite.gz, .csv, .csv.gz or .parquet)")

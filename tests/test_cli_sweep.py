@@ -1,5 +1,6 @@
 """``moetune sweep`` and ``moetune results`` through typer's test runner: output, store, bad input."""
 
+import gzip
 import hashlib
 import json
 
@@ -45,6 +46,10 @@ def test_sweep_then_results(cli, tmp_path):
     assert res.exit_code == 0 and "0 row(s)" in res.output
     res = cli("results", "--db", db, "--device", "some other gpu", "--limit", "0")
     assert res.exit_code == 0 and "0 row(s)" in res.output
+    packed = tmp_path / "r.sqlite.gz"  # as stores are committed
+    packed.write_bytes(gzip.compress(db.read_bytes()))
+    res = cli("results", "--db", packed, "--status", "ok", "--limit", "0")
+    assert res.exit_code == 0 and "3 row(s)" in res.output, res.output
 
 
 def test_results_parquet(cli, tmp_path):

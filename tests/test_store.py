@@ -195,3 +195,25 @@ def test_readonly_open_changes_nothing(tmp_path):
     (tmp_path / "empty.sqlite").write_bytes(b"")
     with pytest.raises(ValueError, match="empty"):
         Store(tmp_path / "empty.sqlite", readonly=True)
+
+
+def test_a_gzipped_store_reads_as_the_store(tmp_path):
+    """Stores are committed gzipped: read_frame (export, results, replay) reads them as they are; a file
+    that is not gzip names the option."""
+    import gzip
+
+    from moetune.store import read_frame
+
+    db = tmp_path / "r.sqlite"
+    with Store(db) as s:
+        s.add(row({"BLOCK_SIZE_N": 16}))
+        s.add(row({"BLOCK_SIZE_N": 32}, status="crash", reason="SIGSEGV"))
+    packed = tmp_path / "r.sqlite.gz"
+    packed.write_bytes(gzip.compress(db.read_bytes()))
+    plain, unpacked = read_frame(db), read_frame(packed, "--db")
+    assert len(unpacked) == 2 and plain.equals(unpacked)
+    (tmp_path / "bad.sqlite.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(ValueError, match="--db: cannot read .*bad.sqlite.gz as a gzipped store"):
+        read_frame(tmp_path / "bad.sqlite.gz", "--db")
+    with pytest.raises(FileNotFoundError, match="--db"):
+        read_frame(tmp_path / "none.sqlite.gz", "--db")

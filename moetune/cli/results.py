@@ -33,7 +33,8 @@ def select(frame, kernel: list[str], status: list[str], device: str | None):
 
 @app.command()
 def results(
-    db: Annotated[Path, typer.Option(help="results database")] = Path("results/moetune.sqlite"),
+    db: Annotated[Path, typer.Option(help="results database (.sqlite, .sqlite.gz) or an export of one")] \
+        = Path("results/moetune.sqlite"),
     kernel: Annotated[str | None, typer.Option("--kernel", "-k", help="ops or families, comma-separated")] \
         = None,
     status: Annotated[str | None, typer.Option(help="statuses, e.g. ok,inaccurate")] = None,
@@ -43,12 +44,10 @@ def results(
     limit: Annotated[int, typer.Option(help="rows to print (the newest); 0 prints only counts")] = 30,
 ) -> None:
     """List measurements in the store (pandas underneath), filtered; optionally export them."""
-    from ..store import Store
+    from ..store import read_frame
 
     with user_errors():
-        with Store(db, readonly=True) as store:
-            frame = store.frame()
-        frame = select(frame, split_list(kernel), split_list(status), device)
+        frame = select(read_frame(db, "--db"), split_list(kernel), split_list(status), device)
     if csv:
         frame.to_csv(csv, index=False)
     if parquet:
