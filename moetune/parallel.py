@@ -117,7 +117,8 @@ def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[C
 
 
 # ---- the local backend: one worker per GPU -------------------------------------------------------------
-BACKLOG = 64  # compiled candidates a GPU may have waiting before the pool takes no more
+BACKLOG = 64  # compiled candidates a GPU may always have waiting before the pool takes no more ...
+BACKLOG_S = 20.0  # ... and beyond that, as long as they would keep it busy for less than this (seconds)
 
 
 class LocalBackend:
@@ -161,6 +162,8 @@ class LocalBackend:
         self._bids: dict[Any, Any] = {}  # task key -> its binary (binary_id), until its result
         self.compile_busy = BusyClock()
         self.compile_tasks: list[tuple[float, float]] = []  # (wall s, CPU s) of each compile task
+        self._measure_times: collections.deque = collections.deque(maxlen=64)  # recent tasks, seconds
+        self._measure_start: dict[Any, float] = {}  # task key -> when a GPU took it
 
     @property
     def workers(self) -> list[str]:
@@ -189,16 +192,25 @@ class LocalBackend:
         """Tasks it could take now. Without compile workers, one per measuring worker not yet given one.
         With them, one per compile worker with no binary to build (tasks sharing a binary count once: a
         tile's SPLIT_K variants build one), so compiles run ahead of the GPUs, up to ``BACKLOG``
-        compiled candidates per GPU. Capping all tasks in flight at one per worker instead idled the
-        compile workers whenever cached binaries made the GPU the bottleneck: the window filled with
-        compiled candidates waiting for it, and what came next could not start compiling."""
+        compiled candidates per GPU, or more while they would keep it busy under ``BACKLOG_S``
+        seconds. Capping all tasks in flight at one per worker instead idled the compile workers
+        whenever cached binaries made the GPU the bottleneck: the window filled with compiled
+        candidates waiting for it, and what came next could not start compiling. A cap of 64 did the
+        same at a larger scale: an exhaustive fp8 sweep on the H200 (7 ms a candidate) left its 15
+        compile workers 33% and its GPU 43% idle (results/tuner.md, session 13), since a tile's other
+        splits come later in the space's order and 64 cached candidates were 0.5 s of GPU work."""
         if not self.compilers:
             return max(0, len(self.measurers) - len(self._tasks))
-        if len(self._measure_q) >= BACKLOG * len(self.measurers):
+        waiting = len(self._measure_q) / len(self.measurers)
+        if waiting >= BACKLOG and waiting * self.measure_s() >= BACKLOG_S:
             return 0
         bins = [self._bids[k] for k in self._compile_q] + [h.binary for h in self.compilers if h.busy]
         pending = len({b for b in bins if b is not None}) + bins.count(None)  # None: a binary of its own
         return max(0, len(self.compilers) - pending)
+
+    def measure_s(self) -> float:
+        """Median seconds of the last measurements (a GPU's task, start to result); inf before any."""
+        return statistics.median(self._measure_times) if self._measure_times else math.inf
 
     def submit(self, key: Any, task: dict[str, Any], label: str = "") -> None:
         self._tasks[key] = (task, label)
@@ -217,6 +229,7 @@ class LocalBackend:
                 key = self._measure_q.popleft()
                 task, label = self._tasks[key]
                 h.submit(key, task, self.timeout)
+                self._measure_start[key] = time.monotonic()
                 self.states[h.name].current = label
         lock = str(self.log_dir / "inputs.lock")
         building = {h.binary for h in self.compilers if h.busy} - {None}
@@ -296,6 +309,9 @@ class LocalBackend:
                 continue
             if h.name in measurers:
                 self.states[h.name].current = None
+                started = self._measure_start.pop(key, None)
+                if started is not None:
+                    self._measure_times.append(time.monotonic() - started)
             elif res["status"] == "ok":
                 self._measure_q.append(key)  # compiled: on to a GPU
                 continue

@@ -367,7 +367,11 @@ def test_pool_takes_work_while_a_compile_worker_has_no_binary_to_build(tmp_path,
     c0.task_key = c1.task_key = None  # both compiles done: room again, though ten wait compiled
     assert backend.capacity() == 1  # "b" still to compile
     monkeypatch.setattr(parallel, "BACKLOG", 10)
-    assert backend.capacity() == 0  # enough compiled work queued for the GPU
+    assert backend.capacity() == 0  # enough compiled work queued for the GPU (no measurement timed yet)
+    backend._measure_times.extend([0.007] * 5)  # 7 ms candidates: ten are 0.07 s of GPU work
+    assert backend.capacity() == 1
+    backend._measure_q.extend(f"more{i}" for i in range(3000))  # 21 s of it: over BACKLOG_S
+    assert backend.capacity() == 0
 
 
 def test_pool_compiles_guesses_only_on_idle_compile_workers(tmp_path):
