@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import sqlite3
 
 import pandas as pd
 
 from moetune.device import DeviceInfo
 from moetune.spec import get_spec
+from moetune.store import read_frame
 
 _POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 
@@ -26,16 +26,12 @@ _POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 def load(paths: list[str], family: str, device_name: str) -> pd.DataFrame:
     frames = []
     for path in paths:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            frames.append(pd.read_sql(
-                "select kernel, shape, tokens, routes, active_fraction, routing, config, time_ms from "
-                "measurements where status = 'ok' and kernel like ? and device_name = ?", con,
-                params=(f"{family}.%", device_name)))
-        except (sqlite3.DatabaseError, pd.errors.DatabaseError):
-            pass  # not a moetune store
-        finally:
-            con.close()
+            frame = read_frame(path, "--stores")
+        except (ValueError, OSError):
+            continue  # not a moetune store
+        frames.append(frame[(frame.status == "ok") & frame.kernel.str.startswith(f"{family}.")
+                            & (frame.device_name == device_name)])
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_POINT + ["config"])
 
 
@@ -44,10 +40,11 @@ def main() -> None:
     ap.add_argument("--family", default="fp8_decode")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--device", default="NVIDIA H200", help="device_name of the rows to read")
-    ap.add_argument("--stores", nargs="+", help="default: every results/**/*.sqlite")
+    ap.add_argument("--stores", nargs="+", help="default: every results/**/*.sqlite[.gz]")
     ap.add_argument("--near", type=float, default=0.03, help="within this fraction of a point's best")
     args = ap.parse_args()
-    paths = args.stores or sorted(glob.glob("results/**/*.sqlite", recursive=True))
+    paths = args.stores or sorted(glob.glob("results/**/*.sqlite", recursive=True)
+                                  + glob.glob("results/**/*.sqlite.gz", recursive=True))
     df = load(paths, args.family, args.device)
     if df.empty:
         raise SystemExit(f"no ok {args.family} rows of {args.device!r} in {len(paths)} store(s)")

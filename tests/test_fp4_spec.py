@@ -159,3 +159,20 @@ def test_new_design_switches_validate():
                                            INTERPRETER)
     assert spec.constraint(dict(spec.default, DECODE="fp8_row", UNPACK="halves", SWAP_AB=1), prob,
                            INTERPRETER) is None
+
+
+def test_sm90_skips_the_fp4_decodes_the_h200_stores_show_never_win():
+    from moetune.sweep import plan_point
+
+    spec = get_spec("fp4_prefill.gate_up")
+    a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 0, True)
+    for decode in ("f16", "fp8_scaled"):
+        cfg = {**spec.default, "DECODE": decode}
+        assert "dominated" in spec.dominated(cfg, H200) and spec.dominated(cfg, a100) is None
+    for decode in ("bf16", "fp8", "fp8_row"):
+        assert spec.dominated({**spec.default, "DECODE": decode}, H200) is None
+    problem = spec.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, 16)
+    searched = plan_point(spec, problem, H200)
+    full = plan_point(spec, problem, H200, full_space=True)
+    assert {c["DECODE"] for c in searched.candidates} == {"bf16", "fp8", "fp8_row"}
+    assert {c["DECODE"] for c in full.candidates} >= {"f16", "fp8_scaled"}
