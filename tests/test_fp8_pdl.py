@@ -23,8 +23,10 @@ KERNELS = {  # kernel: (pointer and float argument types, constexprs)
     "_split_rows_kernel": ({"a_ptr": BF, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32}, {"CHUNKS": 8}),
     "_align_sort_kernel": ({"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "shift_ptr": I32},
                            {"BLOCK_SIZE_M": 16, "R_P2": 64, "BINS": 512, "FILL": 1024}),
-    "_gated_act_kernel": ({"gu_ptr": F32, "out_ptr": BF, "ids_ptr": I32, "limit": "fp32"},
-                          {"SPLITS": 2, "ACTIVATION": 0, "HAS_LIMIT": False, "BLOCK": 256}),
+    "_gated_act_kernel": ({"gu_ptr": F32, "out_ptr": BF, "ids_ptr": I32, "hi_ptr": F8, "lo_ptr": F8,
+                           "sa_ptr": F32, "limit": "fp32"},
+                          {"SPLITS": 2, "ACTIVATION": 0, "HAS_LIMIT": False, "BLOCK": 256,
+                           "SPLIT_OUT": True}),
     "_sum_topk_kernel": ({"y_ptr": F32, "ids_ptr": I32, "out_ptr": BF}, {"SPLITS": 1, "BLOCK": 1024}),
 }
 

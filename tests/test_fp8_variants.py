@@ -177,6 +177,47 @@ def test_split_rows_matches_reference(dtype, K):
         F.split_fp8_rows(a, out=(hi, lo, sa[:, :1]))
 
 
+@pytest.mark.parametrize("inter,splits,dtype", [(200, 1, torch.bfloat16), (256, 2, torch.float16),
+                                                 (64, 1, torch.float32), (1100, 3, torch.bfloat16)])
+def test_the_activation_writes_the_split_split_fp8_rows_would(inter, splits, dtype):
+    """The gated activation's split (I under, at and over one 128 chunk, partial last chunks, K-split
+    partials, inactive routes) equals split_fp8_rows of its own output, bit for bit; poisoned buffers are
+    fully written."""
+    g = torch.Generator().manual_seed(inter)
+    gu = torch.randn(splits, 6, 2 * inter, generator=g)
+    ids = torch.tensor([0, -1, 2, 3, -1, 1])
+    out = torch.full((6, inter), float("nan"), dtype=dtype)
+    hi = torch.full((6, inter), float("nan"), dtype=F.FP8_DTYPE)
+    lo, sa = hi.clone(), torch.full((6, -(-inter // 128)), float("nan"))
+    F.gated_activation_rows(gu, ids, out, "swiglu", 7.0, split=(hi, lo, sa))
+    alone = F.gated_activation_rows(gu, ids, torch.empty_like(out), "swiglu", 7.0)
+    ref_hi, ref_lo, ref_sa = F.split_fp8_rows(alone)
+    assert torch.equal(out, alone) and torch.equal(sa, ref_sa)
+    assert torch.equal(hi.view(torch.uint8), ref_hi.view(torch.uint8))
+    assert torch.equal(lo.view(torch.uint8), ref_lo.view(torch.uint8))
+    with pytest.raises(ValueError, match="split: sa must be float32"):
+        F.gated_activation_rows(gu, ids, out, "silu", split=(hi, lo, sa[:, :0]))
+
+
+def test_the_layer_splits_down_s_input_in_the_activation(monkeypatch):
+    """With down on A_FP8 2 the layer launches no split of its own for down (gate/up's still splits x):
+    the same output, bit for bit, as the layer with the separate split launch."""
+    args = make_layer(M=3, H=304, I=208, E=5, top_k=3, seed=19)
+    conf = {"gate_up": {**F.GEMM_DEFAULT, **A82_GROUPED, "SWAP_AB": 1},
+            "down": {**F.GEMM_DEFAULT, **A82_GROUPED, "BLOCK_SIZE_N": 64}}
+    calls = []
+    real = F.split_fp8_rows
+    monkeypatch.setattr(F, "split_fp8_rows", lambda a, *k, **kw: calls.append(a.shape) or real(a, *k, **kw))
+    bufs = F.layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu")
+    fused = F.decode_moe_into(*args, conf, bufs).clone()
+    assert calls == [(3, 304)]  # x for gate/up only
+    monkeypatch.setattr(F, "_act_split", lambda config: False)
+    calls.clear()
+    apart = F.decode_moe_into(*args, conf, F.layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu"))
+    assert calls == [(3, 304), (9, 208)] and torch.equal(fused, apart)
+    assert rel_err(fused, F.fp8_decode_moe_reference(*args)) < TOL
+
+
 A82_CONFIGS = [
     {**A82_ROUTE, "BLOCK_SIZE_N": 64},
     {**A82_ROUTE, "SPLIT_K": 2, "BLOCK_SIZE_K": 128},

@@ -505,27 +505,46 @@ def _gate_act(g, u, limit, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr):
 
 @triton.jit
 def _gated_act_kernel(
-    gu_ptr, out_ptr, ids_ptr, I, stride_gs, stride_gm, stride_om, limit,
+    gu_ptr, out_ptr, ids_ptr, hi_ptr, lo_ptr, sa_ptr, I, CHUNKS_TOTAL, stride_gs, stride_gm, stride_om,
+    stride_hm, stride_sam, limit,
     SPLITS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT_OUT: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[r] = act(gate, up), gate/up = the sum of the gate/up GEMM's SPLITS partials [.., :I] / [.., I:];
-    inactive routes get zeros, unread. Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu)."""
+    inactive routes get zeros, unread. Formulas as moetune.activations (0 silu, 1 gelu_tanh, 2 swiglu).
+
+    SPLIT_OUT also writes A_FP8 2's split of ``out`` (``_split_rows_kernel``'s terms of the values as
+    stored, to the bit) into hi, lo [R, I] and sa [R, chunks]: the down GEMM's input without a launch
+    of its own. BLOCK is a multiple of 128 or covers all of I."""
     _pdl_enter(PDL)
     r = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
     out_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs
     if tl.load(ids_ptr + r) < 0:
-        tl.store(out_ptrs, tl.zeros([BLOCK], tl.float32).to(out_ptr.dtype.element_ty), mask=mask)
-        return
-    row = gu_ptr + r.to(tl.int64) * stride_gm
-    g = tl.zeros([BLOCK], tl.float32)
-    u = tl.zeros([BLOCK], tl.float32)
-    for sp in tl.static_range(SPLITS):
-        g += tl.load(row + sp * stride_gs + offs, mask=mask, other=0.0).to(tl.float32)
-        u += tl.load(row + sp * stride_gs + I + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptrs, _gate_act(g, u, limit, ACTIVATION, HAS_LIMIT).to(out_ptr.dtype.element_ty), mask=mask)
+        v = tl.zeros([BLOCK], tl.float32)
+    else:
+        row = gu_ptr + r.to(tl.int64) * stride_gm
+        g = tl.zeros([BLOCK], tl.float32)
+        u = tl.zeros([BLOCK], tl.float32)
+        for sp in tl.static_range(SPLITS):
+            g += tl.load(row + sp * stride_gs + offs, mask=mask, other=0.0).to(tl.float32)
+            u += tl.load(row + sp * stride_gs + I + offs, mask=mask, other=0.0).to(tl.float32)
+        v = _gate_act(g, u, limit, ACTIVATION, HAS_LIMIT)
+    v = v.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptrs, v, mask=mask)
+    if SPLIT_OUT:
+        CH: tl.constexpr = 128 if BLOCK >= 128 else BLOCK
+        a = tl.reshape(tl.where(mask, v.to(tl.float32), 0.0), [BLOCK // CH, CH])
+        sa = tl.maximum(tl.max(tl.abs(a), axis=1), 1e-30) * (1.0 / 448.0)
+        q = a / sa[:, None]
+        hi_f = _round_e4m3(q)
+        term = r.to(tl.int64) * stride_hm + tl.reshape(offs, [BLOCK // CH, CH])
+        term_mask = tl.reshape(mask, [BLOCK // CH, CH])
+        tl.store(hi_ptr + term, hi_f.to(tl.float8e4nv), mask=term_mask)
+        tl.store(lo_ptr + term, _round_e4m3((q - hi_f) * 8.0).to(tl.float8e4nv), mask=term_mask)
+        chunks = tl.program_id(1) * (BLOCK // CH) + tl.arange(0, BLOCK // CH)
+        tl.store(sa_ptr + r.to(tl.int64) * stride_sam + chunks, sa, mask=chunks < CHUNKS_TOTAL)
 
 
 @triton.jit
@@ -889,18 +908,30 @@ def fused_down_sum(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, 
 
 
 def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, activation: str,
-                          limit: float | None = None, pdl: bool = False) -> torch.Tensor:
+                          limit: float | None = None, pdl: bool = False,
+                          split: SplitRows | None = None) -> torch.Tensor:
     """``out [R, I] = act(gate, up)`` per active route, zeros for inactive ones; ``gu`` is the gate/up
-    output, [R, 2I] or [splits, R, 2I] partial sums."""
+    output, [R, 2I] or [splits, R, 2I] partial sums. ``split`` (hi, lo, sa, checked as
+    ``split_fp8_rows``' ``out``) also receives ``split_fp8_rows(out)``, bit for bit, in the same launch."""
     routes, inter = out.shape
     parts = gu if gu.dim() == 3 else gu.unsqueeze(0)
+    if split is not None:
+        if out.stride(1) != 1:
+            raise ValueError(f"split needs out with unit stride along I, got strides {out.stride()}")
+        hi, lo, sa = _check_split(split, routes, inter, out.device, "split")
+        if hi.stride(1) != 1 or sa.stride(1) != 1:
+            raise ValueError(f"split: hi and sa need unit stride along their last dim, got {hi.stride()}, "
+                             f"{sa.stride()}")
+    else:
+        hi = lo = sa = out  # unused
     if routes:
         block = min(1024, triton.next_power_of_2(inter))
         _gated_act_kernel[(routes, triton.cdiv(inter, block))](
-            parts, out, topk_ids.reshape(-1), inter, parts.stride(0), parts.stride(1), out.stride(0),
+            parts, out, topk_ids.reshape(-1), hi, lo, sa, inter, triton.cdiv(inter, SCALE_BLOCK),
+            parts.stride(0), parts.stride(1), out.stride(0), hi.stride(0), sa.stride(0),
             float(limit) if limit is not None else 0.0, SPLITS=parts.shape[0],
-            ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block, num_warps=4,
-            **_pdl(pdl))
+            ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block,
+            SPLIT_OUT=split is not None, num_warps=4, **_pdl(pdl))
     return out
 
 
@@ -1065,13 +1096,25 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 def layer_buffers(m: int, top_k: int, hidden: int, inter: int, dtype: torch.dtype,
                   config: Mapping[str, dict], device) -> dict[str, torch.Tensor]:
     """Uninitialised buffers for ``decode_moe_into``: fp32 K-split partials of both GEMMs, the activation
-    in x's dtype, the output. Sizes depend only on M, top_k, the shapes and the config."""
+    in x's dtype (and its A_FP8 2 split, hi / lo / sa, where the down GEMM reads one the activation
+    writes), the output. Sizes depend only on M, top_k, the shapes and the config."""
     routes = m * top_k
     splits = {g: 0 if config[g].get("FUSE") else config[g]["SPLIT_K"] for g in GEMMS}  # FUSE: unused
-    return {"gate_up": torch.empty(splits["gate_up"], routes, 2 * inter, device=device),
+    bufs = {"gate_up": torch.empty(splits["gate_up"], routes, 2 * inter, device=device),
             "act": torch.empty(routes, inter, dtype=dtype, device=device),
             "down": torch.empty(splits["down"], routes, hidden, device=device),
             "out": torch.empty(m, hidden, dtype=dtype, device=device)}
+    if _act_split(config):
+        bufs["act_hi"] = torch.empty(routes, inter, dtype=FP8_DTYPE, device=device)
+        bufs["act_lo"] = torch.empty(routes, inter, dtype=FP8_DTYPE, device=device)
+        bufs["act_sa"] = torch.empty(routes, triton.cdiv(inter, SCALE_BLOCK), device=device)
+    return bufs
+
+
+def _act_split(config: Mapping[str, dict]) -> bool:
+    """Does the gated activation write the down GEMM's A_FP8 2 split (one launch less)?"""
+    gate_up, down = config["gate_up"], config["down"]
+    return not gate_up.get("FUSE") and not down.get("FUSE") and down.get("A_FP8") == 2
 
 
 def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, config: Mapping[str, dict],
@@ -1088,16 +1131,18 @@ def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, con
         if c["ALGO"] == "grouped" and c["BLOCK_SIZE_M"] not in aligned:
             aligned[c["BLOCK_SIZE_M"]] = align_routes(ids, e, c["BLOCK_SIZE_M"], pdl=pdl)
     gu, act = buffers["gate_up"], buffers["act"]
+    split = (buffers["act_hi"], buffers["act_lo"], buffers["act_sa"]) if _act_split(config) else None
     if config["gate_up"].get("FUSE"):
         fused_gate_up_act(x, w13, w13_scale, ids, act, config["gate_up"], activation, swiglu_limit, pdl=pdl)
     else:
         fp8_block_gemm(x, w13, w13_scale, ids, gu, config["gate_up"], a_row_div=top_k,
                        aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl)
-        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl)
+        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl, split=split)
     if config["down"].get("FUSE"):
         return fused_down_sum(act, w2, w2_scale, ids, rw, buffers["out"], config["down"], pdl=pdl)
     fp8_block_gemm(act, w2, w2_scale, ids, buffers["down"], config["down"], topk_weights=rw,
-                   aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]), pdl=pdl)
+                   aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]),
+                   a_split=split, pdl=pdl)
     return sum_topk(buffers["down"], ids, buffers["out"], pdl=pdl)
 
 
