@@ -28,6 +28,8 @@ K split) as A_FP8 1 does. Both MMA operands then come straight from global memor
 (num_stages) loads, with no register -> MMA-layout move of computed terms, as in vLLM's w8a8 block-fp8
 fused_moe kernel (measured ~35% faster than ours at 16-64 tokens on the H200). The cost: one extra
 launch and a 2 x [rows, K] fp8 round trip, which ``fp8_block_gemm`` includes unless given ``a_split``.
+In the layer the gated activation writes the down GEMM's split itself (``gated_activation_rows(split=)``),
+so only gate/up's split of x is a launch of its own.
 
 Inactive routes (``topk_ids == -1``, computed elsewhere, e.g. on the CPU) cost nothing: a
 route program writes zeros to its output tile and returns before reading activations,
