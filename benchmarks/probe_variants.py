@@ -11,7 +11,8 @@ against the same config with the --probe switched on, and that with one pipeline
 - ``gemv`` (fp8 only): the route GEMV without tensor cores (A_FP8 0: one launch, no activation split)
   over BLOCK_SIZE_N x BLOCK_SIZE_K x SPLIT_K x num_warps, the knobs of how it streams the weights.
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
-  decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, and with SWAP_AB flipped.
+  decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, with SWAP_AB flipped,
+  and with the other num_warps (4 <-> 8).
 
 Every config is checked against the reference before it is timed (the sweep's runner: CUDA graphs,
 fresh inputs); ``--rounds`` rounds, each config's fastest median kept. Writes ``<probe>.json`` and
@@ -60,6 +61,9 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
             if 16 <= bn <= 256:
                 out[f"{probe}_n{bn}"] = {**on, "BLOCK_SIZE_N": bn}
         out[f"{probe}_swap{1 - on['SWAP_AB']}"] = {**on, "SWAP_AB": 1 - on["SWAP_AB"]}
+        # at BM128 lut needs 128 registers with 8 warps (halves 142): 16 warps an SM instead of 8
+        # (results/fp4_prefill.md, session 13); a coordinate sweep from a halves pick never gets there
+        out[f"{probe}_w{12 - on['num_warps']}"] = {**on, "num_warps": 12 - on["num_warps"]}
     out[probe] = on
     for d in (-1, 1):
         st = on["num_stages"] + d
