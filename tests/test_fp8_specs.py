@@ -121,6 +121,31 @@ def test_a_k_split_is_timed_without_its_sum(device):
     assert torch.isnan(parts).all()
 
 
+def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypatch):
+    """The layer's gated activation writes down's A_FP8 2 split, so down's timed op launches none: the
+    split is made on the first run and reused; gate/up splits x in every run, as the layer does."""
+    from moetune.kernels import fp8_decode as F
+
+    calls = []
+    real = F.split_fp8_rows
+    monkeypatch.setattr(F, "split_fp8_rows", lambda a, *k, **kw: calls.append(a.shape) or real(a, *k, **kw))
+    for name, per_run in (("fp8_decode.down", 0), ("fp8_decode.gate_up", 1)):
+        spec = get_spec(name)
+        problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
+        inputs = spec.make_inputs(problem, "cpu", seed=3)
+        expected = spec.reference(inputs)
+        cfg = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+        calls.clear()
+        spec.poison(inputs)
+        spec.run(inputs, cfg)
+        assert spec.passes(spec.error(inputs.outputs, expected)), name
+        spec.run(inputs, cfg)
+        spec.run(inputs, cfg)
+        assert len(calls) == 1 + 2 * per_run, name
+        spec.run(inputs, {**cfg, "A_FP8": 0})  # no split for the W16 path
+        assert len(calls) == 1 + 2 * per_run, name
+
+
 def test_interpreter_device_constraint_accepts_default():
     spec = get_spec(NAMES[0])
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=1)
