@@ -9,12 +9,15 @@
 # (session 12's split timing), `zipf` skewed routing for fp4, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
-# times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `direct` sweeps densities
-# off the tables' grid and `picker` benches the tables' choice there).
+# times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
+# DeepSeek-V3 TP8's two GEMMs exhaustively over $TOKENS (the searched space: ~55 s a gate/up point
+# with a warm cache on one H200), `direct` sweeps densities off the tables' grid and `picker` benches
+# the tables' choice there).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
-# archive, $OUT/h200_tables.tgz (the device tool returns at most 8 files). Knobs:
+# archive, $OUT/h200_tables.tgz (the device tool returns at most 8 files, each under 16 MiB: an
+# exhaustive store of a dozen points is larger raw, so end such a call with `pack`). Knobs:
 # BUDGET (measurements per point), LIMIT (seconds per sweep command), GPUS (--gpus value), POOL (older
 # stores whose rows `export` pools with $DB's, e.g. the committed results/h200_tables/*.sqlite). Everything
 # a stage writes lands under $OUT; configs/ is exported in place and also packed into $OUT/configs.tgz.
@@ -48,6 +51,10 @@ for st in "${stages[@]}"; do
         -k fp8_decode.gate_up --tokens 16 --active 1 --strategy exhaustive --gpus 0 \
         --db "$OUT/exhaustive.sqlite" --time-limit "$LIMIT" --quiet 2>&1 | tee "$OUT/exhaustive.log" \
         | grep -v '[│┃┏┡└]' ;;
+    exhaustive_tables)  # session 13: every searched candidate of both DeepSeek-V3 TP8 GEMMs, one cache
+      mt sweep -m deepseek-v3 --tp 8 -k fp8_decode --tokens "${TOKENS:-1,2,3,4,6,8,12,16,24,32,48,64}" \
+        --active 1 --strategy exhaustive ${GPUS:+--gpus "$GPUS"} --db "$OUT/exhaustive_tables.sqlite" \
+        --time-limit "$LIMIT" --quiet ;;
     grid)  # the midpoints of the 1.5x density grid (session 10), for the issue's two target shapes
       sweep -m deepseek-v3 --tp 8 -k fp8_decode --tokens 3,6,12,24,48,96,192 --active 1
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routes 1152,2304,4608,9216,18432,36864,73728 ;;
