@@ -54,9 +54,19 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> torch.Tensor:
     return ids
 
 
+TYPICAL_TRIES = 64  # draws a typical uniform routing may take before it keeps the closest
+
+
+def expected_distinct(tokens: int, active: int, num_experts: int) -> float:
+    """Expected number of distinct experts among ``tokens`` uniform draws of ``active`` distinct experts
+    each (an expert is missed by one token with probability 1 - active / E)."""
+    return num_experts * (1.0 - (1.0 - active / num_experts) ** tokens)
+
+
 def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "uniform",
                 active_fraction: float = 1.0, generator: torch.Generator | None = None,
-                device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+                device: str | torch.device = "cpu", typical: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(topk_ids int32 [tokens, top_k], topk_weights fp32 [tokens, top_k]).
 
     Each token picks ``top_k`` distinct experts. With ``active_fraction < 1`` a
@@ -64,7 +74,25 @@ def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "un
     CPU/GPU decode does. Weights are positive and sum to 1 over active slots.
     The draws happen on ``generator``'s device (a CUDA generator keeps the tuner's per-candidate
     routing off the CPU, which the compile workers keep busy).
+
+    ``typical`` (uniform routing): draw again until the number of distinct active experts is its
+    expectation, rounded (at most ``TYPICAL_TRIES`` draws, then the closest), so that every draw reads
+    the same expert bytes. The tuner draws each candidate's routing afresh, and at decode densities the
+    distinct-expert count alone moved one config's time by a few percent (results/fp8_decode.md,
+    session 13): the fastest of thousands of candidates was partly the luckiest draw.
     """
+    if typical and parse_routing(routing)[0] == "uniform":
+        want = round(expected_distinct(tokens, round(top_k * active_fraction), num_experts))
+        best = None
+        for _ in range(TYPICAL_TRIES):
+            ids, weights = make_routes(tokens, top_k, num_experts, routing=routing,
+                                       active_fraction=active_fraction, generator=generator, device=device)
+            miss = abs(int(torch.unique(ids[ids >= 0]).numel()) - want)
+            if best is None or miss < best[0]:
+                best = (miss, ids, weights)
+            if miss == 0:
+                break
+        return best[1], best[2]
     if top_k > num_experts:
         raise ValueError(f"top_k {top_k} exceeds the number of experts {num_experts}")
     if not 0 <= active_fraction <= 1:

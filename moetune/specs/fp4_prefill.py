@@ -294,7 +294,8 @@ class Fp4PrefillSpec(KernelSpec):
             weights = self.make_weights(problem, device, seed)
         dg = torch.Generator(device=device).manual_seed(seed + 1)
         ids, topk_weights = make_routes(problem.tokens, top_k, e, routing=problem.routing,
-                                        active_fraction=problem.active_fraction, generator=dg, device=device)
+                                        active_fraction=problem.active_fraction, generator=dg, device=device,
+                                        typical=True)
         rows = problem.tokens if self.gemm == "gate_up" else problem.tokens * top_k
         a = torch.randn(rows, k, device=device, generator=dg)
         aq, a_s = quantize_fp8_act(a)

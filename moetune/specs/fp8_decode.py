@@ -250,7 +250,8 @@ class _Fp8DecodeGemm(KernelSpec):
         tokens = problem.tokens
         routes = tokens * top_k
         ids, rw = make_routes(tokens, top_k, e, routing=problem.routing,
-                              active_fraction=problem.active_fraction, generator=dgen, device=device)
+                              active_fraction=problem.active_fraction, generator=dgen, device=device,
+                              typical=True)
         rows = tokens if self.gemm == "gate_up" else routes
         a = torch.randn(rows, k, generator=dgen, device=device).to(dtype)
         out = torch.empty(routes, n, dtype=torch.float32, device=device)

@@ -130,7 +130,8 @@ class GatherRowsSpec(KernelSpec):
         k, g = shape["K"], group_count(shape["K"])
         gen = torch.Generator(device=device).manual_seed(seed)
         ids, _ = make_routes(problem.tokens, shape["top_k"], shape["E"], routing=problem.routing,
-                             active_fraction=problem.active_fraction, generator=gen, device=device)
+                             active_fraction=problem.active_fraction, generator=gen, device=device,
+                             typical=True)
         dst2src = sorted_dst2src(ids)
         # Random bytes, NaN and inf patterns included: the copy must not care what they encode.
         q = torch.randint(0, 256, (problem.tokens, k), generator=gen, dtype=torch.uint8, device=device)
