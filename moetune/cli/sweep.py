@@ -221,8 +221,9 @@ def sweep(
         console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter; accuracy checks "
                       "are real, times are meaningless")
     pruned = sum(pt.pruned for pt in points)
+    skipped = "" if full_space else " and dominated designs"
     console.print(f"{len(points)} point(s), {sum(len(pt.candidates) for pt in points)} candidates after "
-                  f"constraints ({pruned} pruned), strategy {strategy}, store {db}")
+                  f"constraints{skipped} ({pruned} pruned), strategy {strategy}, store {db}")
     display = None
     if not quiet:  # several workers: one row each
         display = Display(interpreter) if driver is Sweep else WorkerDisplay(interpreter, runner)
