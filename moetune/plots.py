@@ -148,14 +148,14 @@ def series_from_bench(csv: str | Path, kernel: str, shape: str | None = None, *,
 def store_rows(db: str | Path, kernel: str, shape: str | None = None, *, device: str | None = None,
                routing: str = "uniform"):
     """The store's rows for ``kernel`` on one device (the most measured unless named) under ``routing``."""
-    from .store import Store
+    from .store import read_frame
 
-    with Store(db, readonly=True) as store:
-        df = store.frame(kernel=kernel)
-        if df.empty:
-            counts = store.frame()["kernel"].value_counts()
-            raise ValueError(f"--kernel {kernel!r}: no rows in {db}; kernels there: "
-                             f"{', '.join(sorted(counts.index)) or 'none'}")
+    every = read_frame(db, "--db")  # a store, gzipped or not, or an export of one
+    df = every[every["kernel"] == kernel]
+    if df.empty:
+        counts = every["kernel"].value_counts()
+        raise ValueError(f"--kernel {kernel!r}: no rows in {db}; kernels there: "
+                         f"{', '.join(sorted(counts.index)) or 'none'}")
     rows = _select(df, kernel, shape, routing, str(db))
     device = _pick_device(rows, device, str(db))
     return rows[rows["device_name"] == device]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import sys
 
 import pytest
@@ -83,6 +84,10 @@ def test_series_and_heat_numbers(store):
         assert f.loc[d, "tuned_ms"] == pytest.approx(min(_bm_time(t, bm) for bm in (16, 32, 64)))
     assert f.loc[0.25, "heuristic_ms"] == pytest.approx(0.03 * (1 + 1 / 16))
     assert f["heuristic_ms"].notna().sum() == 2  # only where a sweep measured it
+
+    packed = store.with_name(store.name + ".gz")  # as stores are committed
+    packed.write_bytes(gzip.compress(store.read_bytes()))
+    assert plots.store_rows(packed, KERNEL).reset_index(drop=True).equals(rows.reset_index(drop=True))
 
     assert plots.tile_param(rows, KERNEL) == "BLOCK_SIZE_M"
     heat = plots.heat_frame(rows, "BLOCK_SIZE_M")
