@@ -26,6 +26,8 @@ from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 
 INTERPRETER_NOTE = "Interpreter mode (no GPU): the times are wall clock of a CPU emulation and mean nothing."
+KERNEL_ONLY_NOTE = ("Kernel only: each op's route alignment and activation split were made before the timed "
+                    "runs (shared or fused in the layer); the tuner times the whole op.")
 ROLES = ("default", "heuristic", "tuned")
 # Columns of a bench frame (and of its CSV / Markdown), in order.
 COLUMNS = (
@@ -70,6 +72,7 @@ class BenchResult:
     device: DeviceInfo | None = None
     versions: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    kernel_only: bool = False  # timed with TimingOptions.kernel_only
 
     @property
     def meaningful(self) -> bool:
@@ -107,6 +110,8 @@ class BenchResult:
             head += "; " + ", ".join(versions)
         if not self.meaningful:
             head += "\n\n" + INTERPRETER_NOTE
+        if self.kernel_only:
+            head += "\n\n" + KERNEL_ONLY_NOTE
         path.write_text(f"{head}\n\n{markdown_table(view)}\n")
         return path
 
@@ -175,7 +180,8 @@ def bench_problems(problems: Sequence[Problem], runner: Runner, *, repeat: int =
     if repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {repeat}")
     device = runner.device or runner.start()
-    result = BenchResult(device=device, versions=dict(runner.versions))
+    result = BenchResult(device=device, versions=dict(runner.versions),
+                         kernel_only=bool(getattr(runner, "timing", {}).get("kernel_only")))
     for problem in problems:
         spec = get_spec(problem.kernel)
         configs, pick = role_configs(spec, problem, device)

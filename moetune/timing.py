@@ -50,6 +50,11 @@ class TimingOptions:
     # anything: the safe side to err on.
     probe: bool = True
     probe_spin_cycles: int = 2_000_000  # ~1 ms on an H200: longer than the host takes to launch one run
+    # Time the op's kernel alone (``moetune bench --kernel-only``): work a spec can make beforehand and
+    # a layer shares or fuses elsewhere (the fp8 GEMMs' route alignment and activation split) is made
+    # on the untimed first run; the worker marks the inputs (``inputs.extra["kernel_only"]``). For
+    # figures quoted per kernel, as vLLM's fused_moe times are; sweeps time the whole op.
+    kernel_only: bool = False
 
 
 def summarize(samples_ms: Sequence[float]) -> dict[str, float | int]:

@@ -217,8 +217,12 @@ def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str
     makes everything fresh, as before."""
     weights = (pool or _WEIGHTS).get(cand, weight_set, lock_path)
     if weights is None:
-        return cand.spec.make_inputs(cand.problem, cand.where, seed)
-    return cand.spec.make_inputs(cand.problem, cand.where, seed, weights=weights)
+        inputs = cand.spec.make_inputs(cand.problem, cand.where, seed)
+    else:
+        inputs = cand.spec.make_inputs(cand.problem, cand.where, seed, weights=weights)
+    if cand.task.get("timing", {}).get("kernel_only"):  # see TimingOptions.kernel_only
+        inputs.extra["kernel_only"] = True
+    return inputs
 
 
 class _CompileInputs:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moetune import picker, tables
-from moetune.bench import COLUMNS, INTERPRETER_NOTE, Measured, bench
+from moetune.bench import COLUMNS, INTERPRETER_NOTE, KERNEL_ONLY_NOTE, Measured, bench
 from moetune.cli import app
 from moetune.models import get_model
 from moetune.spec import canonical_json, get_spec
@@ -67,6 +67,23 @@ def test_cli_writes_table_markdown_and_csv(cli, tmp_path, no_tables):
                 "tuned x", "tuned roofline", "accuracy", "tuned source"):
         assert col in header
     assert len(lines) == 2 + 2 and "E8_N256_K256_topk2" in lines[2]
+
+
+def test_kernel_only_bench_says_so_and_reaches_the_workers(cli, tmp_path, no_tables, monkeypatch):
+    """--kernel-only times each op with its alignment and split made beforehand; the output and the
+    Markdown say so, and the flag travels to the workers in the runner's timing options."""
+    from moetune.runner import Runner
+
+    seen = []
+    real = Runner.__init__
+    monkeypatch.setattr(Runner, "__init__", lambda self, *a, **kw: seen.append(kw.get("timing")) or real(
+        self, *a, **kw))
+    md = tmp_path / "k.md"
+    res = cli("bench", "--model", "tiny", "--kernel", "fp8_decode.down", "--tokens", "2", "--kernel-only",
+              "--markdown", md)
+    assert res.exit_code == 0, res.output
+    assert seen == [{"kernel_only": True}]
+    assert "Kernel only" in " ".join(res.output.split()) and KERNEL_ONLY_NOTE in md.read_text()
 
 
 def _gather_table(root, shape, config, density):

@@ -146,6 +146,40 @@ def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypa
         assert len(calls) == 1 + 2 * per_run, name
 
 
+def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeypatch):
+    """TimingOptions.kernel_only (the worker marks the inputs): the grouped path's alignment and gate/up's
+    split of x are made on the first run and reused, as a layer shares them; the whole op otherwise."""
+    from moetune.kernels import fp8_decode as F
+
+    calls = {"split": 0, "align": 0}
+    real_split, real_align = F.split_fp8_rows, F.align_routes
+
+    def split(*a, **kw):
+        calls["split"] += 1
+        return real_split(*a, **kw)
+
+    def align(*a, **kw):
+        calls["align"] += 1
+        return real_align(*a, **kw)
+
+    monkeypatch.setattr(F, "split_fp8_rows", split)
+    monkeypatch.setattr(F, "align_routes", align)
+    spec = get_spec("fp8_decode.gate_up")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
+    cfg = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
+    for kernel_only, per_run in ((True, 0), (False, 1)):
+        inputs = spec.make_inputs(problem, "cpu", seed=4)
+        if kernel_only:
+            inputs.extra["kernel_only"] = True
+        expected = spec.reference(inputs)
+        calls.update(split=0, align=0)
+        for _ in range(3):
+            spec.poison(inputs)
+            spec.run(inputs, cfg)
+            assert spec.passes(spec.error(inputs.outputs, expected))
+        assert calls == {"split": 1 + 2 * per_run, "align": 1 + 2 * per_run}, kernel_only
+
+
 def test_interpreter_device_constraint_accepts_default():
     spec = get_spec(NAMES[0])
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=1)

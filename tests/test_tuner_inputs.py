@@ -60,7 +60,7 @@ def test_a_spec_without_make_weights_gets_fresh_inputs(monkeypatch):
     monkeypatch.setattr(worker, "_WEIGHTS", worker._WeightPool())
     monkeypatch.setattr(worker._Candidate, "__init__", lambda self, task, device: None)
     cand = worker._Candidate({}, None)
-    cand.spec, cand.where, cand.device = _InputsOnly(), "cpu", device_info()
+    cand.spec, cand.where, cand.device, cand.task = _InputsOnly(), "cpu", device_info(), {}
     cand.problem = _InputsOnly().problem({"E": 2, "N": 2, "K": 2, "top_k": 1}, 1)
     assert worker.make_inputs(cand, 3).tensors["x"][0] == 3.0
     assert worker.make_inputs(cand, 5).tensors["x"][0] == 5.0
@@ -185,3 +185,15 @@ def test_a_compile_task_reports_its_cpu_time_beside_its_wall_time(monkeypatch):
     res = worker.handle(task, device_info())
     assert res["wall_ms"] >= burn * 1e3 and res["cpu_ms"] < 0.5 * res["wall_ms"]
     assert "cpu_ms" not in worker.handle({**task, "mode": "measure"}, device_info())
+
+
+def test_kernel_only_timing_marks_the_inputs(monkeypatch):
+    """TimingOptions.kernel_only reaches the spec through the inputs the worker makes (every set)."""
+    monkeypatch.setattr(worker, "_WEIGHTS", worker._WeightPool())
+    spec = get_spec("fp8_decode.down")
+    problem = spec.problem(spec.shape_from_model(get_model("tiny")), 2)
+    cand = _candidate(spec.name, problem)
+    assert "kernel_only" not in worker.make_inputs(cand, seed=1).extra
+    cand.task["timing"] = {"kernel_only": True}
+    assert worker.make_inputs(cand, seed=1).extra["kernel_only"] is True
+    assert worker.make_inputs(cand, seed=2, weight_set=1).extra["kernel_only"] is True

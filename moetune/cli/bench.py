@@ -82,9 +82,12 @@ def bench(
     timeout: Annotated[float, typer.Option(help="seconds one measurement may take")] = 60.0,
     markdown: Annotated[Path | None, typer.Option(help="also write the table as Markdown here")] = None,
     csv: Annotated[Path | None, typer.Option(help="also write every column as CSV here")] = None,
+    kernel_only: Annotated[bool, typer.Option(help="time each op's kernel alone: its route alignment and "
+                                                    "activation split made beforehand, as a layer "
+                                                    "shares or fuses them (per-kernel figures)")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
-    from ..bench import _writable, bench_jobs, bench_problems, plan_bench
+    from ..bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
     from ..runner import Runner
 
     kernels = [k for item in kernel or [] for k in split_list(item)]
@@ -96,9 +99,12 @@ def bench(
         for path, option in ((markdown, "--markdown"), (csv, "--csv")):
             if path is not None:
                 _writable(path, option)
-        runner = Runner(timeout=timeout, jobs=bench_jobs(device))
+        runner = Runner(timeout=timeout, jobs=bench_jobs(device), timing={"kernel_only": True} if kernel_only
+                        else None)
     for note in plan.notes:
         console.print(f"[yellow]note:[/] {note}")
+    if kernel_only:
+        console.print(f"[yellow]note:[/] {KERNEL_ONLY_NOTE}")
     if not device.is_gpu:
         console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter on tiny problems; "
                       "accuracy checks are real, times are meaningless")
