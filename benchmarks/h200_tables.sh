@@ -10,8 +10,8 @@
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
-# DeepSeek-V3 TP8's two GEMMs exhaustively over $TOKENS (the searched space: ~55 s a gate/up point
-# with a warm cache on one H200), `direct` sweeps densities off the tables' grid and `picker` benches
+# DeepSeek-V3 TP8's two GEMMs (or $KERNEL) exhaustively over $TOKENS (the searched space: ~55 s a
+# gate/up point with a warm cache on one H200), `direct` sweeps densities off the tables' grid and `picker` benches
 # the tables' choice there).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
@@ -52,7 +52,7 @@ for st in "${stages[@]}"; do
         --db "$OUT/exhaustive.sqlite" --time-limit "$LIMIT" --quiet 2>&1 | tee "$OUT/exhaustive.log" \
         | grep -v '[│┃┏┡└]' ;;
     exhaustive_tables)  # session 13: every searched candidate of both DeepSeek-V3 TP8 GEMMs, one cache
-      mt sweep -m deepseek-v3 --tp 8 -k fp8_decode --tokens "${TOKENS:-1,2,3,4,6,8,12,16,24,32,48,64}" \
+      mt sweep -m deepseek-v3 --tp 8 -k "${KERNEL:-fp8_decode}" --tokens "${TOKENS:-1,2,3,4,6,8,12,16,24,32,48,64}" \
         --active 1 --strategy exhaustive ${GPUS:+--gpus "$GPUS"} --db "$OUT/exhaustive_tables.sqlite" \
         --time-limit "$LIMIT" --quiet ;;
     grid)  # the midpoints of the 1.5x density grid (session 10), for the issue's two target shapes
