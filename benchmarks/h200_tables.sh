@@ -11,8 +11,8 @@
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
 # DeepSeek-V3 TP8's two GEMMs (or $KERNEL) exhaustively over $TOKENS (the searched space: ~55 s a
-# gate/up point with a warm cache on one H200), `direct` sweeps densities off the tables' grid and `picker` benches
-# the tables' choice there).
+# gate/up point with a warm cache on one H200), `direct` sweeps densities off the tables' grid and
+# `picker` benches the tables' choice there).
 # Every sweep resumes from $DB, so a stage cut short by its time limit continues where it stopped when
 # run again (on the device tool, keep $DB on a gitignored path or in $OUT: an untracked file of the
 # working tree replaces the device's copy on every call). `pack` puts everything under $OUT into one
