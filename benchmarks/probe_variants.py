@@ -9,7 +9,8 @@ against the same config with the --probe switched on, and that with one pipeline
   where W_TMA cannot run) is compared through its A_FP8 2 twin; a fp4 pick with DECODE fp8_scaled
   (32-K slices, no whole tile to copy) through its fp8 twin.
 - ``gemv`` (fp8 only): the route GEMV without tensor cores (A_FP8 0: one launch, no activation split)
-  over BLOCK_SIZE_N x BLOCK_SIZE_K x SPLIT_K x num_warps, the knobs of how it streams the weights.
+  over BLOCK_SIZE_N x BLOCK_SIZE_K x SPLIT_K x num_warps x GEMV_STAGES (1: as before; 2 and 4: the K
+  loop software-pipelined through shared memory), the knobs of how it streams the weights.
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
   decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, with SWAP_AB flipped,
   and with the other num_warps (4 <-> 8).
@@ -42,9 +43,11 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
     if probe == "gemv":  # one launch, no tensor cores: the route GEMV over its streaming knobs
         base = {**table, "ALGO": "route", "A_FP8": 0, "W_TMA": 0, "SWAP_AB": 0, "FUSE": 0, "PREFETCH": 0,
                 "num_stages": 1}
-        for bn, bk, split, warps in itertools.product((16, 32, 64, 128), (128, 256, 512), (4, 8, 16), (4, 8)):
-            out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}"] = {**base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk,
-                                                          "SPLIT_K": split, "num_warps": warps}
+        for bn, bk, split, warps, stages in itertools.product((16, 32, 64, 128), (128, 256, 512), (4, 8, 16),
+                                                              (4, 8), (1, 2, 4)):
+            out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}_p{stages}"] = {
+                **base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split, "num_warps": warps,
+                "GEMV_STAGES": stages}
         return out
     if probe == "w_tma":
         if "A_FP8" in table:  # fp8 decode

@@ -13,7 +13,8 @@ BF, F8, F32, I32 = "*bf16", "*fp8e4nv", "*fp32", "*i32"
 KERNELS = {  # kernel: (pointer and float argument types, constexprs)
     "_route_gemm_kernel": ({"a_ptr": BF, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32, "rw_ptr": F32,
                             "out_ptr": F32},
-                           {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8}),
+                           {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8,
+                            "GEMV_STAGES": 1}),
     "_grouped_gemm_kernel": ({"a_ptr": F8, "lo_ptr": F8, "sa_ptr": F32, "w_ptr": F8, "s_ptr": F32,
                               "ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "rw_ptr": F32,
                               "out_ptr": F32},

@@ -229,7 +229,8 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
 
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
-    const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False}
+    const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False,
+             "GEMV_STAGES": 1}
     got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel", "const": const,
                          "types": types, "options": {"num_warps": 4, "num_stages": st}} for st in (1, 2, 4)])
     if isinstance(got, str):
@@ -243,6 +244,39 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
     assert spec.constraint({**gemv, "num_stages": 1}, problem, H200) is None
     assert "num_stages" in spec.constraint({**gemv, "num_stages": 3}, problem, H200)
     assert spec.constraint({**gemv, "A_FP8": 2, "num_stages": 3}, problem, H200) is None
+
+
+def test_gemv_stages_pipeline_the_w8a16_gemv_and_nothing_else():
+    """GEMV_STAGES > 1 asks the GEMV's K loop for a software pipeline (cp.async through shared memory,
+    compiled for sm_90 without a GPU); 1 builds the GEMV as before. Only the plain GEMV takes it, and the
+    staged tiles count against shared memory."""
+    from sm90_compile import compile_sm90
+
+    types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
+             "out_ptr": "*fp32"}
+    const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512,
+             "PREFETCH": False, "PDL": False}
+    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel",
+                         "const": {**const, "GEMV_STAGES": st}, "types": types,
+                         "aligned": ["a_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "out_ptr", "stride_am",
+                                     "stride_we", "stride_wn", "N", "K"],
+                         "options": {"num_warps": 8, "num_stages": 1}} for st in (1, 3)])
+    if isinstance(got, str):
+        pytest.skip(f"cannot compile for sm_90 here: {got}")
+    assert "cp.async" not in got[0]["ptx"] and "cp.async" in got[1]["ptx"]
+
+    spec = get_spec("fp8_decode.gate_up")
+    shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
+    problem = spec.problem(shape, tokens=1)
+    gemv = {**spec.default, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512, "SPLIT_K": 4, "num_warps": 8}
+    wide = {**gemv, "BLOCK_SIZE_N": 128, "GEMV_STAGES": 4}  # 3 x 65 KB staged
+    assert spec.constraint(wide, problem, H200) is None
+    a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 40 << 20, True)
+    assert "shared memory" in spec.constraint(wide, problem, a100)
+    assert spec.constraint({**wide, "GEMV_STAGES": 3}, problem, a100) is None
+    for other in ({"A_FP8": 2}, {"ALGO": "grouped"}, {"PREFETCH": 1, "BLOCK_SIZE_K": 128}):
+        with pytest.raises(ValueError, match="GEMV_STAGES"):
+            spec.check_config({**gemv, **other, "GEMV_STAGES": 2})
 
 
 def test_every_split_k_of_a_tile_runs_one_binary():
@@ -259,7 +293,7 @@ def test_every_split_k_of_a_tile_runs_one_binary():
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128, "PREFETCH": False,
-             "PDL": False}
+             "GEMV_STAGES": 1, "PDL": False}
     got = compile_sm90([{"kernel": kernels[0], "const": const, "types": types,
                          "options": {"num_warps": 4, "num_stages": 1}}])
     if isinstance(got, str):
@@ -315,7 +349,7 @@ def test_w_tma_only_where_tma_can_address_the_weights():
 def test_sm90_skips_the_designs_the_h200_stores_show_never_win():
     """grouped A_FP8 0, PREFETCH 1 and A_FP8 1 are dominated on sm_90 only; they still pass the
     constraints (tables and explicit configs may use them) and --full-space plans them again.
-    DeepSeek-V3 TP8 gate/up at 16 tokens: 10404 candidates, 2208 binaries -> 4524 and 960."""
+    DeepSeek-V3 TP8 gate/up at 16 tokens: 10908 candidates, 2316 binaries -> 5028 and 1068."""
     from moetune.sweep import plan_point
 
     spec = get_spec("fp8_decode.gate_up")
@@ -330,7 +364,7 @@ def test_sm90_skips_the_designs_the_h200_stores_show_never_win():
     problem = spec.problem(shape, tokens=16)
     searched = plan_point(spec, problem, H200)
     full = plan_point(spec, problem, H200, full_space=True)
-    assert (len(searched.candidates), len(full.candidates)) == (4524, 10404)
-    assert searched.pruned == full.pruned + 10404 - 4524
-    assert len({spec.binary_key(c) for c in searched.candidates}) == 960
+    assert (len(searched.candidates), len(full.candidates)) == (5028, 10908)
+    assert searched.pruned == full.pruned + 10908 - 5028
+    assert len({spec.binary_key(c) for c in searched.candidates}) == 1068
     assert not any(spec.dominated(c, H200) for c in searched.candidates)

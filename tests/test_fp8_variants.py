@@ -356,6 +356,20 @@ def test_prefetch_changes_the_schedule_not_the_sums(split):
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("stages,split", [(2, 1), (3, 2), (4, 3)])
+def test_gemv_stages_change_the_schedule_not_the_sums(stages, split):
+    """GEMV_STAGES pipelines the plain GEMV's loads: the same chunks, the same sums, bit for bit (K 300:
+    a partial last chunk; splits of several, one and a partial chunk)."""
+    x, w13, s13, *_, ids = make_layer(M=3, H=300, I=100, E=5, top_k=2, active=0.75, seed=21)
+    base = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split}
+    outs = []
+    for st in (1, stages):
+        out = torch.full((split, 6, 200), float("nan"))
+        F.fp8_block_gemm(x, w13, s13, ids, out, {**base, "GEMV_STAGES": st}, a_row_div=2)
+        outs.append(out)
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("bad", [{"BLOCK_SIZE_K": 256}, {"A_FP8": 2}, {"ALGO": "grouped"}, {"PREFETCH": 2}])
 def test_prefetch_only_for_the_w8a16_gemv_at_128_k(bad):
     with pytest.raises(ValueError, match="PREFETCH"):

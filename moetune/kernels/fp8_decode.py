@@ -58,8 +58,8 @@ SCALE_BLOCK = 128
 ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
-    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "W_TMA": 0, "num_warps": 4,
-    "num_stages": 1,
+    "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "W_TMA": 0, "GEMV_STAGES": 1,
+    "num_warps": 4, "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -79,16 +79,21 @@ def _pdl_enter(PDL: tl.constexpr):
 
 @triton.jit
 def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
-               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, ROW_SCALES: tl.constexpr):
+               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, ROW_SCALES: tl.constexpr,
+               STAGES: tl.constexpr = 1):
     """sum over k in [k_start, k_end) of a_row[k] * w_rows[:, k] * scale, fp32 [BLOCK_SIZE_N], no tensor
     cores. ``s_ptrs`` is the tile's scale row (one pointer: the scale folds into the activation chunk) or,
-    with ROW_SCALES, one pointer per row (a tile that straddles two 128-row scale blocks)."""
+    with ROW_SCALES, one pointer per row (a tile that straddles two 128-row scale blocks).
+
+    STAGES > 1 (GEMV_STAGES) software-pipelines the K loop: Triton pipelines loads that feed no tl.dot
+    only when the loop itself asks (``tl.range(num_stages=)``; the kernel's num_stages does not), and
+    then stages the weight tiles through shared memory by cp.async, STAGES - 1 steps ahead."""
     sub = tl.arange(0, 128)
     # Partial sums per 16 consecutive k, which a thread holds (16-byte loads): an in-thread reduction per
     # chunk keeps the accumulator at BLOCK_SIZE_N x 8 registers' worth instead of x 128, so more
     # programs fit an SM and more weight loads are in flight.
     acc = tl.zeros([BLOCK_SIZE_N, 8], tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_SIZE_K):
+    for k0 in tl.range(k_start, k_end, BLOCK_SIZE_K, num_stages=STAGES):
         for j in tl.static_range(BLOCK_SIZE_K // 128):
             kb = k0 + j * 128
             offs_k = kb + sub
@@ -146,7 +151,7 @@ def _route_gemm_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_ITERS, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, PREFETCH: tl.constexpr, GEMV_STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
     * scale. A_ROW_DIV (top_k for gate/up, 1 for down) is a constexpr so that no program divides at run
@@ -174,7 +179,7 @@ def _route_gemm_kernel(
                                   stride_sk, BLOCK_SIZE_N)
     else:
         res = _gemv_tile(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
-                         BLOCK_SIZE_N, BLOCK_SIZE_K, False)
+                         BLOCK_SIZE_N, BLOCK_SIZE_K, False, GEMV_STAGES)
     if APPLY_WEIGHT:
         res = res * tl.load(rw_ptr + r)
     tl.store(out_ptrs, res, mask=n_mask)
@@ -641,6 +646,11 @@ def _pow2(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
 
+def _plain_gemv(cfg: Mapping[str, Any]) -> bool:
+    """The route GEMV without tensor cores, prefetch or fusion: the one GEMV_STAGES pipelines."""
+    return cfg["ALGO"] == "route" and cfg["A_FP8"] == 0 and cfg["PREFETCH"] == 0 and cfg["FUSE"] == 0
+
+
 def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
     """The full config (defaults filled in) for one GEMM; ValueError naming the key otherwise."""
     if not isinstance(config, Mapping):
@@ -672,6 +682,9 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
         ("W_TMA", cfg["W_TMA"] in (0, 1) and not isinstance(cfg["W_TMA"], bool)
          and (cfg["W_TMA"] == 0 or cfg["A_FP8"] in (1, 2)),
          "0 or 1 (1 only with A_FP8 1 or 2: the tensor-core paths)"),
+        ("GEMV_STAGES", isinstance(cfg["GEMV_STAGES"], int) and not isinstance(cfg["GEMV_STAGES"], bool)
+         and 1 <= cfg["GEMV_STAGES"] <= 4 and (cfg["GEMV_STAGES"] == 1 or _plain_gemv(cfg)),
+         "an int in [1, 4] (over 1 only for the W8A16 GEMV: ALGO 'route', A_FP8 0, PREFETCH 0, FUSE 0)"),
         ("FUSE", cfg["FUSE"] in (0, 1) and not isinstance(cfg["FUSE"], bool)
          and (cfg["FUSE"] == 0 or (cfg["ALGO"] == "route" and cfg["SPLIT_K"] == 1 and cfg["A_FP8"] == 0)),
          "0 or 1 (1 only for ALGO 'route' with SPLIT_K 1 and A_FP8 0)"),
@@ -859,7 +872,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
         else:
             _route_gemm_kernel[(routes, n_tiles, split)](
                 a, w, w_scale, ids, rw, parts, n, k, a_row_div, a.stride(0), a.stride(1), *w_strides,
-                PREFETCH=bool(cfg["PREFETCH"]), **common)
+                PREFETCH=bool(cfg["PREFETCH"]), GEMV_STAGES=cfg["GEMV_STAGES"], **common)
         return out
     if aligned is None:
         aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"], pdl=pdl)

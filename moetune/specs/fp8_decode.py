@@ -51,6 +51,7 @@ class _Fp8DecodeGemm(KernelSpec):
         "A_FP8": [0, 1, 2],
         "PREFETCH": [0, 1],
         "W_TMA": [0, 1],
+        "GEMV_STAGES": [1, 2, 3, 4],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -163,6 +164,8 @@ class _Fp8DecodeGemm(KernelSpec):
         if cfg["A_FP8"] == 2:  # pre-split activations: two fp8 terms and the fp8 weights per stage, no
             # converted operand; route runs one-route tl.dot blocks of 16 rows
             smem = cfg["num_stages"] * (2 * (16 if cfg["ALGO"] == "route" else bm) * bk + bk * bn)
+        elif F._plain_gemv(cfg):  # GEMV_STAGES - 1 weight and activation tiles staged ahead (sm_90, 3.6)
+            smem = (cfg["GEMV_STAGES"] - 1) * (bn * bk + bk * a_bytes)
         elif cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
             smem = cfg["num_stages"] * bn * bk
         else:  # activation + fp8 weight tiles per stage, plus the converted operand
