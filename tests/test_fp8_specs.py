@@ -222,9 +222,10 @@ def test_sm90_long_k_route_splits_only_until_two_programs_per_sm():
 
 
 def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
-    """Why the constraint keeps the W8A16 GEMV at num_stages 1: Triton pipelines only loads that feed
-    tl.dot, so every value builds the same binary (compiled for sm_90 without a GPU). A Triton that
-    starts pipelining these loads fails this test, and the constraint must go."""
+    """Why the constraint keeps the W8A16 GEMV at num_stages 1: the kernel's num_stages pipelines only
+    loads that feed tl.dot, so every value builds the same binary (compiled for sm_90 without a GPU;
+    the loop's own request, GEMV_STAGES, does pipeline them). A Triton that starts pipelining these loads
+    for the kernel's num_stages fails this test, and the constraint must go."""
     from sm90_compile import compile_sm90
 
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",

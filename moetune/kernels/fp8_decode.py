@@ -116,9 +116,9 @@ def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stri
 def _gemv_tile_prefetch(a_row, w_rows, s_ptr, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
                         BLOCK_SIZE_N: tl.constexpr):
     """``_gemv_tile`` over 128-K chunks (BLOCK_SIZE_K 128, one scale pointer) with the next chunk's loads
-    issued before this chunk's multiply-adds (PREFETCH): Triton pipelines only loads that feed tl.dot, so
-    without this a GEMV program waits one memory latency per chunk. Loads past the split's end are masked
-    off (no traffic)."""
+    issued before this chunk's multiply-adds (PREFETCH): the kernel's num_stages pipelines only loads that
+    feed tl.dot, so without this (or GEMV_STAGES) a GEMV program waits one memory latency per chunk. Loads
+    past the split's end are masked off (no traffic)."""
     sub = tl.arange(0, 128)
     acc = tl.zeros([BLOCK_SIZE_N, 8], tl.float32)  # partial sums per 16 k, as in ``_gemv_tile``
     offs_k = k_start + sub

@@ -145,9 +145,10 @@ class _Fp8DecodeGemm(KernelSpec):
         if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
             return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
         if cfg["ALGO"] == "route" and not cfg["A_FP8"] and cfg["num_stages"] != 1:
-            # Triton pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the same sm_90
-            # binary for every num_stages here (tests/test_fp8_specs.py compiles them to check)
-            return "num_stages does not change the W8A16 GEMV (no tl.dot to pipeline); it keeps 1"
+            # the kernel's num_stages pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the
+            # same sm_90 binary for every value here (tests/test_fp8_specs.py compiles them to check);
+            # the GEMV's own pipeline depth is GEMV_STAGES
+            return "num_stages does not change the W8A16 GEMV (GEMV_STAGES does); it keeps 1"
         if cfg["W_TMA"] and k % 16:  # its row stride, in fp8 bytes
             return f"W_TMA: TMA needs 16-byte aligned weight rows, K {k} is not a multiple of 16"
         if bn > max(16, _next_pow2(n)):
