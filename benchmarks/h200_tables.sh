@@ -27,6 +27,10 @@ BUDGET=${BUDGET:-24}
 LIMIT=${LIMIT:-200}
 GPUS=${GPUS-all}  # empty: no --gpus (GPU 0, every point at once)
 DB=${DB:-$OUT/h200_tables.sqlite}
+# the picker check's points: densities no table entry holds (sessions 10-12 used 3/12/48, 5/20/40 and
+# 7/14/28 tokens, 4608, 3456 and 5376 routes, which the tables have pooled since)
+PICK_TOKENS=${PICK_TOKENS:-10,22,44}
+PICK_ROUTES=${PICK_ROUTES:-2688}
 export PYTHONPATH=${PYTHONPATH:-.} PYTHONUNBUFFERED=1
 # A sweep needs no collective; keep NVLink multicast off in case anything initialises NCCL.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -98,16 +102,16 @@ for st in "${stages[@]}"; do
       mt bench -m deepseek-v3 --tp 8 -k fp8_decode --tokens 1,4,16,64 --active 0.5,0.25 \
         --csv "$OUT/bench_fp8_active.csv"
       mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2 --csv "$OUT/bench_fp4_zipf.csv" ;;
-    direct)  # direct sweeps at densities the tables do not hold, the picker check's reference (BUDGET=100
-      # makes one worth comparing with; session 3's 16 was not). Sessions 10 and 11 checked 3/12/48 and
-      # 5/20/40 tokens, 4608 and 3456 routes, whose stores the tables have pooled since: new points here
+    direct)  # direct sweeps at $PICK_TOKENS / $PICK_ROUTES, the picker check's reference (BUDGET=100 makes
+      # one worth comparing with; session 3's 16 was not)
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 7,14,28 --active 1
+        -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens "$PICK_TOKENS" --active 1
       DB=$OUT/direct.sqlite sweep \
-        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 5376 ;;
+        -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes "$PICK_ROUTES" ;;
     picker)  # the picker's choice at those densities, benched (set against `direct`'s best afterwards)
-      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens 7,14,28 --csv "$OUT/picker_fp8.csv"
-      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes 5376 --csv "$OUT/picker_fp4.csv" ;;
+      mt bench -m deepseek-v3 --tp 8 -k fp8_decode.gate_up --tokens "$PICK_TOKENS" --csv "$OUT/picker_fp8.csv"
+      mt bench -m deepseek-v4-flash --tp 2 -k fp4_prefill.gate_up --routes "$PICK_ROUTES" \
+        --csv "$OUT/picker_fp4.csv" ;;
     pack)
       python - "$OUT" "$DB" <<'PY'
 import sqlite3, sys
