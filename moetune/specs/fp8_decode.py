@@ -280,7 +280,7 @@ class _Fp8DecodeGemm(KernelSpec):
     # gate/up's split of x is a launch in the layer and stays in its timed op, unless only the kernel
     # is timed (``TimingOptions.kernel_only``), which also takes the grouped path's route alignment
     # made beforehand (the layer aligns once for both GEMMs).
-    def _act_split(self, inputs: Inputs, config: Config) -> F.SplitRows | None:
+    def _input_split(self, inputs: Inputs, config: Config) -> F.SplitRows | None:
         if config.get("A_FP8") != 2 or (self.gemm != "down" and not inputs.extra.get("kernel_only")):
             return None
         if "a_split" not in inputs.extra:
@@ -304,7 +304,7 @@ class _Fp8DecodeGemm(KernelSpec):
         F.fp8_block_gemm(t["a"], t["w"], t["w_scale"], t["topk_ids"], out, config,
                          a_row_div=inputs.extra["a_row_div"],
                          topk_weights=t["topk_weights"] if self.gemm == "down" else None,
-                         aligned=self._aligned(inputs, config), a_split=self._act_split(inputs, config))
+                         aligned=self._aligned(inputs, config), a_split=self._input_split(inputs, config))
 
     def collect(self, inputs: Inputs, config: Config) -> None:
         split = config.get("SPLIT_K", 1)
