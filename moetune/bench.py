@@ -26,8 +26,9 @@ from .runner import Runner
 from .spec import Config, KernelSpec, Problem, canonical_json, get_spec
 
 INTERPRETER_NOTE = "Interpreter mode (no GPU): the times are wall clock of a CPU emulation and mean nothing."
-KERNEL_ONLY_NOTE = ("Kernel only: each op's route alignment and activation split were made before the timed "
-                    "runs (shared or fused in the layer); the tuner times the whole op.")
+KERNEL_ONLY_NOTE = ("Kernel only: the fp8 GEMMs' route alignment and activation split were made before the "
+                    "timed runs (shared or fused in the layer); the tuner times the whole op. The fp4 GEMMs "
+                    "and the gather are always timed so.")
 ROLES = ("default", "heuristic", "tuned")
 # Columns of a bench frame (and of its CSV / Markdown), in order.
 COLUMNS = (
