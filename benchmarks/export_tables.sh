@@ -33,6 +33,7 @@ fp8=(
   $H/fp8_decode_deepseek-v3_tp8_exhaustive_s13.sqlite.gz
   results/tuner_s13/exhaustive_searched.sqlite.gz
   results/tuner_s13/exhaustive_full_space.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_down_2_6_s14.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz
