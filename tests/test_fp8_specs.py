@@ -280,39 +280,6 @@ def test_gemv_stages_pipeline_the_w8a16_gemv_and_nothing_else():
             spec.check_config({**gemv, **other, "GEMV_STAGES": 2})
 
 
-def test_gemv_tiles_pipeline_the_tile_loop_where_one_k_step_covers_a_split():
-    """GEMV_TILES > 1 streams a program's tiles through one loop, which GEMV_STAGES > 1 software-pipelines
-    (cp.async, compiled for sm_90 without a GPU). The space offers it only where a split is one K step
-    (down, K 256) and the tiles fit in N."""
-    from sm90_compile import compile_sm90
-
-    types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
-             "out_ptr": "*fp32"}
-    const = {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256,
-             "PREFETCH": False, "PDL": False, "GEMV_TILES": 4}
-    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel",
-                         "const": {**const, "GEMV_STAGES": st}, "types": types,
-                         "aligned": ["a_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "out_ptr", "stride_am",
-                                     "stride_we", "stride_wn", "N", "K"],
-                         "options": {"num_warps": 2, "num_stages": 1}} for st in (1, 3)])
-    if isinstance(got, str):
-        pytest.skip(f"cannot compile for sm_90 here: {got}")
-    assert "cp.async" not in got[0]["ptx"] and "cp.async" in got[1]["ptx"]
-
-    model = get_model("deepseek-v3")
-    down, gate_up = get_spec("fp8_decode.down"), get_spec("fp8_decode.gate_up")
-    problem = down.problem(down.normalize_shape(down.shape_from_model(model, tp=8)), tokens=4)
-    gemv = {**down.default, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "GEMV_TILES": 8, "GEMV_STAGES": 3}
-    assert down.constraint(gemv, problem, H200) is None
-    assert down.constraint({**gemv, "BLOCK_SIZE_K": 128, "SPLIT_K": 2}, problem, H200) is None
-    assert "one K step" in down.constraint({**gemv, "BLOCK_SIZE_K": 128}, problem, H200)
-    long_k = gate_up.problem(gate_up.normalize_shape(gate_up.shape_from_model(model, tp=8)), tokens=1)
-    assert "one K step" in gate_up.constraint({**gemv, "BLOCK_SIZE_K": 512, "SPLIT_K": 8}, long_k, H200)
-    narrow = down.problem(down.normalize_shape({"E": 8, "N": 100, "K": 256, "top_k": 2}), tokens=2)
-    assert "wider than N" in down.constraint(gemv, narrow, H200)
-    assert down.constraint({**gemv, "GEMV_TILES": 4}, narrow, H200) is None
-
-
 def test_every_split_k_of_a_tile_runs_one_binary():
     """SPLIT_K only sets each program's K range, so the GEMM kernels take it at run time, unspecialized,
     as the K blocks each split takes: DeepSeek-V3 TP8 gate/up's space at 256 tokens, 24162 configs,

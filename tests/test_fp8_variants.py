@@ -370,56 +370,6 @@ def test_gemv_stages_change_the_schedule_not_the_sums(stages, split):
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("tiles,stages,bn,bk,split", [(2, 1, 32, 256, 1), (4, 3, 16, 512, 1),
-                                                      (8, 4, 32, 128, 3)])
-def test_gemv_tiles_stream_a_program_s_tiles_to_the_same_sums(tiles, stages, bn, bk, split):
-    """GEMV_TILES takes several N tiles a program, one K step each: the same products and sums as one tile
-    a program, bit for bit. Down's GEMM at N 300 (the last program's tiles partly or wholly past N) and
-    K 200 (a partial chunk; with split 3, a split of no K at all), from a strided activation, with
-    inactive routes (NaN rows and weights), NaN in unused experts and a NaN output buffer."""
-    _, _, _, w2, s2, rw, ids = make_layer(M=3, H=300, I=200, E=6, top_k=3, seed=23)
-    ids[1, :2] = -1
-    routes = ids.numel()
-    act = torch.zeros(routes, 400, dtype=torch.bfloat16)[:, ::2]
-    act.copy_(torch.randn(routes, 200, generator=torch.Generator().manual_seed(24)))
-    ref = gemm_reference(act, w2, s2, ids, rw=rw)
-    inactive = ids.reshape(-1) < 0
-    act[inactive] = float("nan")
-    rw[ids < 0] = float("nan")
-    for e in set(range(6)) - set(ids[ids >= 0].tolist()):
-        w2[e].view(torch.uint8).fill_(0x7F)
-    base = {"ALGO": "route", "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split}
-    outs = []
-    for cfg in (base, {**base, "GEMV_TILES": tiles, "GEMV_STAGES": stages}):
-        out = torch.full((split, routes, 300), float("nan"))
-        F.fp8_block_gemm(act, w2, s2, ids, out, cfg, topk_weights=rw)
-        outs.append(out)
-    assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
-    assert torch.equal(outs[1][:, inactive], torch.zeros(split, int(inactive.sum()), 300))
-    assert rel_err(outs[1].sum(0), ref) < TOL
-
-
-def test_gemv_tiles_need_one_k_step_a_split():
-    """A tiles program streams one K step a tile: more K steps a split is a ValueError naming the key,
-    from the GEMM and from the layer before anything is launched; only the plain GEMV takes the key."""
-    x, w13, s13, w2, s2, rw, ids = make_layer(M=2, H=300, I=200, E=4, top_k=2, seed=25)
-    with pytest.raises(ValueError, match="GEMV_TILES.*takes 2"):
-        F.fp8_block_gemm(x, w13, s13, ids, torch.empty(4, 400), {"BLOCK_SIZE_K": 256, "GEMV_TILES": 2},
-                         a_row_div=2)
-    launched = []
-    fake = type("K", (), {"__getitem__": lambda self, grid: launched.append(grid)})()
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("_route_gemm_kernel", "_split_rows_kernel", "_align_sort_kernel", "_gated_act_kernel"):
-            mp.setattr(F, name, fake)
-        with pytest.raises(ValueError, match=r"config\['gate_up'\]\['GEMV_TILES'\]"):
-            F.fp8_decode_moe(x, w13, s13, w2, s2, rw, ids,
-                             config={"gate_up": {"GEMV_TILES": 4}, "down": {"BLOCK_SIZE_K": 256}})
-    assert launched == []
-    for bad in ({"A_FP8": 2}, {"ALGO": "grouped"}, {"GEMV_TILES": 3}):
-        with pytest.raises(ValueError, match="GEMV_TILES"):
-            F.check_gemm_config({"GEMV_TILES": 2, **bad})
-
-
 @pytest.mark.parametrize("bad", [{"BLOCK_SIZE_K": 256}, {"A_FP8": 2}, {"ALGO": "grouped"}, {"PREFETCH": 2}])
 def test_prefetch_only_for_the_w8a16_gemv_at_128_k(bad):
     with pytest.raises(ValueError, match="PREFETCH"):

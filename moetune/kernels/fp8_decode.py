@@ -59,7 +59,7 @@ ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
     "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "W_TMA": 0, "GEMV_STAGES": 1,
-    "GEMV_TILES": 1, "num_warps": 4, "num_stages": 1,
+    "num_warps": 4, "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -78,46 +78,37 @@ def _pdl_enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def _gemv_step(acc, a_row, w_rows, s_ptrs, n_mask, k0, K, stride_ak, stride_wk, stride_sk,
-               BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, ROW_SCALES: tl.constexpr):
-    """``acc`` [BLOCK_SIZE_N, 8] plus the products of K step [k0, k0 + BLOCK_SIZE_K), chunk by 128-K chunk.
-    ``s_ptrs`` is the tile's scale row (one pointer: the scale folds into the activation chunk) or, with
-    ROW_SCALES, one pointer per row (a tile that straddles two 128-row scale blocks)."""
-    sub = tl.arange(0, 128)
-    for j in tl.static_range(BLOCK_SIZE_K // 128):
-        kb = k0 + j * 128
-        offs_k = kb + sub
-        k_mask = offs_k < K
-        # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
-        kc = (tl.minimum(kb, K - 1) // 128) * stride_sk
-        x = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        if ROW_SCALES:
-            s = tl.load(s_ptrs + kc, mask=n_mask, other=0.0).to(tl.float32)
-            prod = w.to(tl.float32) * (x[None, :] * s[:, None])
-        else:
-            prod = w.to(tl.float32) * (x * tl.load(s_ptrs + kc).to(tl.float32))[None, :]
-        # Partial sums per 16 consecutive k, which a thread holds (16-byte loads): an in-thread reduction
-        # per chunk keeps the accumulator at BLOCK_SIZE_N x 8 registers' worth instead of x 128, so more
-        # programs fit an SM and more weight loads are in flight.
-        acc += tl.sum(tl.reshape(prod, (BLOCK_SIZE_N, 8, 16)), axis=2)
-    return acc
-
-
-@triton.jit
 def _gemv_tile(a_row, w_rows, s_ptrs, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, ROW_SCALES: tl.constexpr,
                STAGES: tl.constexpr = 1):
     """sum over k in [k_start, k_end) of a_row[k] * w_rows[:, k] * scale, fp32 [BLOCK_SIZE_N], no tensor
-    cores; ``s_ptrs``, ROW_SCALES: as ``_gemv_step``.
+    cores. ``s_ptrs`` is the tile's scale row (one pointer: the scale folds into the activation chunk) or,
+    with ROW_SCALES, one pointer per row (a tile that straddles two 128-row scale blocks).
 
     STAGES > 1 (GEMV_STAGES) software-pipelines the K loop: Triton pipelines loads that feed no tl.dot
     only when the loop itself asks (``tl.range(num_stages=)``; the kernel's num_stages does not), and
     then stages the weight tiles through shared memory by cp.async, STAGES - 1 steps ahead."""
+    sub = tl.arange(0, 128)
+    # Partial sums per 16 consecutive k, which a thread holds (16-byte loads): an in-thread reduction per
+    # chunk keeps the accumulator at BLOCK_SIZE_N x 8 registers' worth instead of x 128, so more
+    # programs fit an SM and more weight loads are in flight.
     acc = tl.zeros([BLOCK_SIZE_N, 8], tl.float32)
     for k0 in tl.range(k_start, k_end, BLOCK_SIZE_K, num_stages=STAGES):
-        acc = _gemv_step(acc, a_row, w_rows, s_ptrs, n_mask, k0, K, stride_ak, stride_wk, stride_sk,
-                         BLOCK_SIZE_N, BLOCK_SIZE_K, ROW_SCALES)
+        for j in tl.static_range(BLOCK_SIZE_K // 128):
+            kb = k0 + j * 128
+            offs_k = kb + sub
+            k_mask = offs_k < K
+            # a chunk past K has zero weights; clamping its scale index keeps the load in bounds
+            kc = (tl.minimum(kb, K - 1) // 128) * stride_sk
+            x = tl.load(a_row + offs_k * stride_ak, mask=k_mask, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + offs_k[None, :] * stride_wk, mask=n_mask[:, None] & k_mask[None, :],
+                        other=0.0)
+            if ROW_SCALES:
+                s = tl.load(s_ptrs + kc, mask=n_mask, other=0.0).to(tl.float32)
+                prod = w.to(tl.float32) * (x[None, :] * s[:, None])
+            else:
+                prod = w.to(tl.float32) * (x * tl.load(s_ptrs + kc).to(tl.float32))[None, :]
+            acc += tl.sum(tl.reshape(prod, (BLOCK_SIZE_N, 8, 16)), axis=2)
     return tl.sum(acc, axis=1)
 
 
@@ -160,72 +151,38 @@ def _route_gemm_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_ITERS, PREFETCH: tl.constexpr, GEMV_STAGES: tl.constexpr, GEMV_TILES: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLIT_ITERS, PREFETCH: tl.constexpr, GEMV_STAGES: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
     * scale. A_ROW_DIV (top_k for gate/up, 1 for down) is a constexpr so that no program divides at run
     time. BLOCK_SIZE_N <= 128: the tile lies in one scale row, so the scale folds into the activation.
-    PREFETCH (BLOCK_SIZE_K 128): ``_gemv_tile_prefetch``.
-
-    GEMV_TILES > 1: the program takes that many consecutive N tiles, one after another, each one K step
-    (the launcher checks a split holds one): a short-K GEMM (down, K 256) then streams a program's
-    weight rows through one loop that GEMV_STAGES pipelines, instead of spreading them over programs
-    that each wait out one load's latency."""
+    PREFETCH (BLOCK_SIZE_K 128): ``_gemv_tile_prefetch``."""
     _pdl_enter(PDL)
     r = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    if GEMV_TILES == 1:
-        offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-        n_mask = offs_n < N
-        out_ptrs = out_ptr + pid_k * stride_os + r.to(tl.int64) * stride_om + offs_n
-        e = tl.load(ids_ptr + r)
-        if e < 0:
-            tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
-            return
-        e64 = e.to(tl.int64)
-        a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
-        w_rows = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        s_row = s_ptr + e64 * stride_se + ((pid_n * BLOCK_SIZE_N) // 128) * stride_sn
-        k_start = pid_k * SPLIT_ITERS * BLOCK_SIZE_K
-        k_end = tl.minimum(K, k_start + SPLIT_ITERS * BLOCK_SIZE_K)
-        if PREFETCH:
-            res = _gemv_tile_prefetch(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk,
-                                      stride_sk, BLOCK_SIZE_N)
-        else:
-            res = _gemv_tile(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk,
-                             stride_sk, BLOCK_SIZE_N, BLOCK_SIZE_K, False, GEMV_STAGES)
-        if APPLY_WEIGHT:
-            res = res * tl.load(rw_ptr + r)
-        tl.store(out_ptrs, res, mask=n_mask)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_mask = offs_n < N
+    out_ptrs = out_ptr + pid_k * stride_os + r.to(tl.int64) * stride_om + offs_n
+    e = tl.load(ids_ptr + r)
+    if e < 0:
+        tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
+        return
+    e64 = e.to(tl.int64)
+    a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
+    w_rows = w_ptr + e64 * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    s_row = s_ptr + e64 * stride_se + ((pid_n * BLOCK_SIZE_N) // 128) * stride_sn
+    k_start = pid_k * SPLIT_ITERS * BLOCK_SIZE_K
+    k_end = tl.minimum(K, k_start + SPLIT_ITERS * BLOCK_SIZE_K)
+    if PREFETCH:
+        res = _gemv_tile_prefetch(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk,
+                                  stride_sk, BLOCK_SIZE_N)
     else:
-        out_row = out_ptr + pid_k * stride_os + r.to(tl.int64) * stride_om
-        n_first = pid_n * (GEMV_TILES * BLOCK_SIZE_N)
-        e = tl.load(ids_ptr + r)
-        if e < 0:
-            for t in range(GEMV_TILES):
-                offs_n = n_first + t * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-                tl.store(out_row + offs_n, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=offs_n < N)
-            return
-        e64 = e.to(tl.int64)
-        a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
-        w_e = w_ptr + e64 * stride_we
-        s_e = s_ptr + e64 * stride_se
-        k_start = pid_k * BLOCK_SIZE_K  # one K step a split
-        rw = tl.load(rw_ptr + r) if APPLY_WEIGHT else 1.0
-        for t in tl.range(0, GEMV_TILES, num_stages=GEMV_STAGES):
-            n0 = n_first + t * BLOCK_SIZE_N
-            offs_n = n0 + tl.arange(0, BLOCK_SIZE_N)
-            n_mask = offs_n < N
-            acc = _gemv_step(tl.zeros([BLOCK_SIZE_N, 8], tl.float32), a_row,
-                             w_e + offs_n[:, None].to(tl.int64) * stride_wn, s_e + (n0 // 128) * stride_sn,
-                             n_mask, k_start, K, stride_ak, stride_wk, stride_sk, BLOCK_SIZE_N, BLOCK_SIZE_K,
-                             False)
-            res = tl.sum(acc, axis=1)
-            if APPLY_WEIGHT:
-                res = res * rw
-            tl.store(out_row + offs_n, res, mask=n_mask)
+        res = _gemv_tile(a_row, w_rows, s_row, n_mask, k_start, k_end, K, stride_ak, stride_wk, stride_sk,
+                         BLOCK_SIZE_N, BLOCK_SIZE_K, False, GEMV_STAGES)
+    if APPLY_WEIGHT:
+        res = res * tl.load(rw_ptr + r)
+    tl.store(out_ptrs, res, mask=n_mask)
 
 
 @triton.jit
@@ -728,10 +685,6 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
         ("GEMV_STAGES", isinstance(cfg["GEMV_STAGES"], int) and not isinstance(cfg["GEMV_STAGES"], bool)
          and 1 <= cfg["GEMV_STAGES"] <= 4 and (cfg["GEMV_STAGES"] == 1 or _plain_gemv(cfg)),
          "an int in [1, 4] (over 1 only for the W8A16 GEMV: ALGO 'route', A_FP8 0, PREFETCH 0, FUSE 0)"),
-        ("GEMV_TILES", _pow2(cfg["GEMV_TILES"]) and cfg["GEMV_TILES"] <= 64
-         and (cfg["GEMV_TILES"] == 1 or _plain_gemv(cfg)),
-         "a power of two in [1, 64] (over 1 only for the W8A16 GEMV: ALGO 'route', A_FP8 0, PREFETCH 0, "
-         "FUSE 0)"),
         ("FUSE", cfg["FUSE"] in (0, 1) and not isinstance(cfg["FUSE"], bool)
          and (cfg["FUSE"] == 0 or (cfg["ALGO"] == "route" and cfg["SPLIT_K"] == 1 and cfg["A_FP8"] == 0)),
          "0 or 1 (1 only for ALGO 'route' with SPLIT_K 1 and A_FP8 0)"),
@@ -743,17 +696,6 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
         if not ok:
             raise ValueError(f"{where}[{key!r}] must be {expected}, got {cfg[key]!r}")
     return cfg
-
-
-def check_gemv_tiles(cfg: Mapping[str, Any], k: int, where: str = "config") -> int:
-    """The K blocks a split takes; ValueError where GEMV_TILES > 1 meets more than one (its tile loop
-    streams one K step a tile)."""
-    iters = triton.cdiv(triton.cdiv(k, cfg["BLOCK_SIZE_K"]), cfg["SPLIT_K"])
-    if cfg["GEMV_TILES"] > 1 and iters > 1:
-        raise ValueError(f"{where}['GEMV_TILES'] {cfg['GEMV_TILES']} needs one BLOCK_SIZE_K step a K split: "
-                         f"K {k} over BLOCK_SIZE_K {cfg['BLOCK_SIZE_K']} x SPLIT_K {cfg['SPLIT_K']} takes "
-                         f"{iters}")
-    return iters
 
 
 def _pdl(pdl: bool) -> dict[str, bool]:
@@ -902,7 +844,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     k = w.shape[2]
     if routes == 0:
         return out
-    iters = check_gemv_tiles(cfg, k)  # K blocks per split
+    iters = triton.cdiv(triton.cdiv(k, cfg["BLOCK_SIZE_K"]), split)  # K blocks per split
     common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
                   BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_ITERS=iters,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **_pdl(pdl))
@@ -928,10 +870,9 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                 *a_args, w_arg, w_scale, ids, rw, parts, n, k, a_row_div, *a_strides, *w_strides,
                 DOT_FP32=dot_fp32, A_FP8=a_mode, W_TMA=bool(cfg["W_TMA"]), **common)
         else:
-            tiles = cfg["GEMV_TILES"]
-            _route_gemm_kernel[(routes, triton.cdiv(n_tiles, tiles), split)](
+            _route_gemm_kernel[(routes, n_tiles, split)](
                 a, w, w_scale, ids, rw, parts, n, k, a_row_div, a.stride(0), a.stride(1), *w_strides,
-                PREFETCH=bool(cfg["PREFETCH"]), GEMV_STAGES=cfg["GEMV_STAGES"], GEMV_TILES=tiles, **common)
+                PREFETCH=bool(cfg["PREFETCH"]), GEMV_STAGES=cfg["GEMV_STAGES"], **common)
         return out
     if aligned is None:
         aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"], pdl=pdl)
@@ -1106,8 +1047,6 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
     for gemm in GEMMS:
         if gemm in config:
             out[gemm] = check_gemm_config(config[gemm], f"config[{gemm!r}]")
-            if "K" in shapes.get(gemm, {}):
-                check_gemv_tiles(out[gemm], shapes[gemm]["K"], f"config[{gemm!r}]")
             if fused and not out[gemm]["FUSE"]:
                 raise ValueError(f"config[{gemm!r}]['FUSE'] must be 1 with fused=True, got 0")
         elif fused:

@@ -52,7 +52,6 @@ class _Fp8DecodeGemm(KernelSpec):
         "PREFETCH": [0, 1],
         "W_TMA": [0, 1],
         "GEMV_STAGES": [1, 2, 3, 4],
-        "GEMV_TILES": [1, 2, 4, 8],
         "num_warps": [2, 4, 8],
         "num_stages": [1, 2, 3, 4],
     }
@@ -159,11 +158,6 @@ class _Fp8DecodeGemm(KernelSpec):
         k_blocks = -(-k // bk)  # not triton.cdiv: a JIT-function call per candidate slows planning
         if cfg["SPLIT_K"] > k_blocks:
             return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {k_blocks} K blocks"
-        if cfg["GEMV_TILES"] > 1 and -(-k_blocks // cfg["SPLIT_K"]) > 1:
-            return (f"GEMV_TILES {cfg['GEMV_TILES']} needs one K step a split (K {k}, BLOCK_SIZE_K {bk}, "
-                    f"SPLIT_K {cfg['SPLIT_K']})")
-        if cfg["GEMV_TILES"] > 1 and bn * cfg["GEMV_TILES"] > max(16, _next_pow2(n)):
-            return f"GEMV_TILES {cfg['GEMV_TILES']} x BLOCK_SIZE_N {bn} is wider than N {n}"
         if cfg["ALGO"] != "route" and bm > self._bm_bound(problem):
             return (f"BLOCK_SIZE_M {bm} is over {self._bm_bound(problem)} for {problem.routes} routes on "
                     f"{problem.shape['E']} experts (M blocks of mostly padding)")
