@@ -34,6 +34,7 @@ fp8=(
   results/tuner_s13/exhaustive_searched.sqlite.gz
   results/tuner_s13/exhaustive_full_space.sqlite.gz
   $H/fp8_decode_deepseek-v3_tp8_down_2_6_s14.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_down_8_s14.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz
@@ -55,6 +56,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_lut_grid_s12.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite.gz
   $H/picker_direct_s12.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_occ_s14.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 

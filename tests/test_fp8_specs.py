@@ -52,6 +52,32 @@ def test_constraints_prune_without_duplicates(name):
     assert "shared memory" in spec.constraint(big, problem, tiny)
 
 
+def test_candidates_per_design_keep_what_the_full_product_keeps():
+    """The spec enumerates its space per design (GEMV keys only on the GEMV, tl.dot keys only off it):
+    the configs that pass the constraint are exactly the full product's, from far fewer raw ones."""
+    from moetune.spec import KernelSpec
+
+    spec = get_spec("fp8_decode.down")
+    spec = type(spec)()  # a copy whose space can shrink to keep the full product small
+    spec.space = {**spec.space, "BLOCK_SIZE_N": [32, 128], "SPLIT_K": [1, 2], "num_warps": [2, 4]}
+    problem = spec.problem(spec.normalize_shape({"E": 8, "N": 512, "K": 256, "top_k": 2}), tokens=4)
+
+    def kept(configs):
+        out = set()
+        for c in configs:
+            try:
+                spec.check_config(c)
+            except ValueError:
+                continue
+            if spec.constraint(c, problem, H200) is None:
+                out.add(canonical_json(spec.canonical(c)))
+        return out
+
+    mine, full = list(spec.candidates()), list(KernelSpec.candidates(spec))
+    assert kept(mine) == kept(full) and len(mine) * 10 < len(full)
+    assert any(c["GEMV_STAGES"] > 1 for c in mine) and any(c["SWAP_AB"] for c in mine)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_m_blocks_of_mostly_padding_are_pruned(name):
     """Grouped M tiles up to 8x the routes per expert (at least 16) with uniform routing: DeepSeek-V3 TP8

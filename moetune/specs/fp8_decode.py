@@ -12,7 +12,8 @@ the sum of its partials, which the layer folds into the next kernel instead.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -83,6 +84,29 @@ class _Fp8DecodeGemm(KernelSpec):
     def check_config(self, config: Mapping[str, Any]) -> None:
         super().check_config(config)
         F.check_gemm_config(config, self.name)
+
+    # Keys one design ignores or refuses: tl.dot's on the W8A16 GEMV, the GEMV's own on the tl.dot paths.
+    _DOT_ONLY = {"BLOCK_SIZE_M": F.GEMM_DEFAULT["BLOCK_SIZE_M"], "SWAP_AB": 0, "W_TMA": 0, "num_stages": 1}
+    _GEMV_ONLY = {"PREFETCH": 0, "GEMV_STAGES": 1}
+
+    def candidates(self) -> Iterator[Config]:
+        """The space's product per design (ALGO x A_FP8), with the keys that design ignores or refuses at
+        the one value every problem's constraint keeps: the configs that pass the constraint are the full
+        product's (tests/test_fp8_specs.py), drawn from 37,800 raw configs instead of 518,400. (With a
+        fourth GEMV key the full product was 2.07 M and its checks took a sweep's planning 35 s on the H200
+        host, session 14.)"""
+        keys = list(self.space)
+        for algo, a_fp8 in itertools.product(self.space["ALGO"], self.space["A_FP8"]):
+            fixed = {"ALGO": algo, "A_FP8": a_fp8}
+            if algo == "route" and a_fp8 == 0:
+                fixed.update(self._DOT_ONLY)
+            else:
+                fixed.update(self._GEMV_ONLY)
+                if algo == "route":
+                    fixed.update(BLOCK_SIZE_M=self._DOT_ONLY["BLOCK_SIZE_M"], SWAP_AB=0)
+            values = [[fixed[k]] if k in fixed else self.space[k] for k in keys]
+            for combo in itertools.product(*values):
+                yield dict(zip(keys, combo, strict=True))
 
     def canonical(self, config: Config) -> Config:
         """The W8A16 GEMV ignores num_stages (see :meth:`constraint`): rows stored with any value are
