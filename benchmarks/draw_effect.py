@@ -26,7 +26,8 @@ import moetune.routing as routing
 from moetune.device import device_info
 from moetune.models import get_model
 from moetune.picker import pick_config
-from moetune.spec import get_spec
+from moetune.spec import canonical_json, get_spec
+from moetune.store import read_frame
 from moetune.timing import TimingOptions, roofline_frac, time_graph
 
 
@@ -40,6 +41,10 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=8)
     ap.add_argument("--config", action="append", default=[], help="a config as JSON (repeat); "
                     "default: the picker's and the heuristic's")
+    ap.add_argument("--from-store", help="also time the --top fastest ok configs a store (.sqlite or "
+                    ".sqlite.gz) holds for this kernel and model at each --tokens (re-timing another "
+                    "run's winners on this card)")
+    ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--kernel-only", action="store_true", help="as moetune bench --kernel-only")
     args = ap.parse_args()
     spec = get_spec(args.kernel)
@@ -56,6 +61,12 @@ def main() -> None:
         if not configs:
             configs = {"table": pick_config(spec.name, shape, problem.routes, device=dev),
                        "heuristic": spec.heuristic(shape, problem.routes, dev.arch)}
+        if args.from_store:
+            rows = read_frame(args.from_store)
+            rows = rows[(rows["kernel"] == spec.name) & (rows["shape"] == canonical_json(shape))
+                        & (rows.tokens == tokens) & (rows.status == "ok")].nsmallest(args.top, "time_ms")
+            for rank, (cfg, ms) in enumerate(zip(rows.config, rows.time_ms, strict=True)):
+                configs[f"store{rank + 1} ({ms * 1e3:.2f} us there)"] = {**spec.default, **json.loads(cfg)}
         for kind, tries in (("typical", 64), ("plain", 1)):
             routing.TYPICAL_TRIES = tries
             for draw in range(args.draws):
