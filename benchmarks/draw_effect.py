@@ -62,10 +62,11 @@ def main() -> None:
             configs = {"table": pick_config(spec.name, shape, problem.routes, device=dev),
                        "heuristic": spec.heuristic(shape, problem.routes, dev.arch)}
         if args.from_store:
-            rows = read_frame(args.from_store)
-            rows = rows[(rows["kernel"] == spec.name) & (rows["shape"] == canonical_json(shape))
-                        & (rows.tokens == tokens) & (rows.status == "ok")].nsmallest(args.top, "time_ms")
-            for rank, (cfg, ms) in enumerate(zip(rows.config, rows.time_ms, strict=True)):
+            stored = read_frame(args.from_store)
+            here = ((stored["kernel"] == spec.name) & (stored["shape"] == canonical_json(shape))
+                    & (stored.tokens == tokens) & (stored.status == "ok"))
+            stored = stored[here].nsmallest(args.top, "time_ms")
+            for rank, (cfg, ms) in enumerate(zip(stored.config, stored.time_ms, strict=True)):
                 configs[f"store{rank + 1} ({ms * 1e3:.2f} us there)"] = {**spec.default, **json.loads(cfg)}
         for kind, tries in (("typical", 64), ("plain", 1)):
             routing.TYPICAL_TRIES = tries

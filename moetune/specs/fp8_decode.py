@@ -191,8 +191,9 @@ class _Fp8DecodeGemm(KernelSpec):
             smem = cfg["num_stages"] * (2 * (16 if cfg["ALGO"] == "route" else bm) * bk + bk * bn)
         elif F._plain_gemv(cfg):  # GEMV_STAGES - 1 weight and activation tiles staged ahead (sm_90, 3.6)
             smem = (cfg["GEMV_STAGES"] - 1) * (bn * bk + bk * a_bytes)
-        elif cfg["ALGO"] == "route":  # weight tile per stage; the activation chunk is tiny
-            smem = cfg["num_stages"] * bn * bk
+        elif cfg["ALGO"] == "route":  # weight tile per stage, and with A_FP8 1 the 16-row activation tile
+            # it splits (BN128 BK512, 3 stages: 233472 B on sm_90, Triton 3.6, over the limit)
+            smem = cfg["num_stages"] * (bn * bk + (16 * bk * a_bytes if cfg["A_FP8"] == 1 else 0))
         else:  # activation + fp8 weight tiles per stage, plus the converted operand
             smem = cfg["num_stages"] * (bm * bk * a_bytes + bk * bn) + 128 * bn * a_bytes
         if smem > device.max_shared_mem:
