@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9, 10, 11 and 12), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10, 11, 12, 13 and 14), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -35,6 +35,9 @@ fp8=(
   results/tuner_s13/exhaustive_full_space.sqlite.gz
   $H/fp8_decode_deepseek-v3_tp8_down_2_6_s14.sqlite.gz
   $H/fp8_decode_deepseek-v3_tp8_down_8_s14.sqlite.gz
+  results/tuner_s14/full_space_run1.sqlite.gz
+  results/tuner_s14/full_space_run2.sqlite.gz
+  $H/picker_direct_s14.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz
@@ -57,6 +60,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_start_s12.sqlite.gz
   $H/picker_direct_s12.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_occ_s14.sqlite.gz
+  $H/picker_direct_s14.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
