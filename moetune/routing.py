@@ -57,9 +57,9 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> torch.Tensor:
 
 TYPICAL_TRIES = 64  # draws a typical uniform routing may take before it keeps the closest
 # Draws after the first are made in batches, each one draw of many tokens split into groups: one host
-# sync a batch instead of one a draw (session 14, H200 host: 4.1 ms of a sweep candidate's 12 ms went to
-# a loop of single draws, each a few launches and a sync). This caps a batch's logits, tokens x experts x
-# draws.
+# sync a batch instead of one a draw (session 14, H200 host: a candidate's inputs took 2.9-4.1 ms with a
+# loop of single draws, each a few launches and a sync; 2.0 ms batched). This caps a batch's logits,
+# tokens x experts x draws.
 TYPICAL_BATCH_ELEMS = 1 << 22
 
 
