@@ -317,3 +317,27 @@ def test_export_then_pick_round_trip(tmp_path, monkeypatch):
         assert math.isclose(picker.pick_config_with_source(KERNEL, SHAPE, 8, device=H).density_key, 0.25)
     finally:
         picker.clear_cache()
+
+
+def test_broad_sweeps_on_two_cards_decide_by_the_config_robust_across_both(tmp_path, monkeypatch):
+    """Where two sweeps each measured many configs at a point, the entry takes the config whose worst
+    time over the sweeps, each over its own sweep's best, is lowest, not the fastest reading (which
+    follows whichever card measured fastest). One broad sweep (or budgeted ones) keeps the usual rule."""
+    import moetune.export as ex
+
+    monkeypatch.setattr(ex, "CROSS_RUN_ROWS", 3)
+    fast_card = {"x": 1.00, "y": 1.01, "z": 1.20, "d": 2.0}
+    slow_card = {"x": 1.40, "y": 1.05, "z": 1.30, "d": 2.2}
+    configs = {"x": cfg(16), "y": cfg(32), "z": cfg(64), "d": DEFAULT}
+    one = [row(configs[k], t, sweep_id="a") for k, t in fast_card.items()]
+    two = [row(configs[k], t, sweep_id="b", timestamp="2026-11-30T12:00:00Z") for k, t in slow_card.items()]
+    db = tmp_path / "r.sqlite"
+    fill(db, one + two)
+    assert export(db, tmp_path / "both").problems == []
+    got = by_density(read(tmp_path / "both"))[1.0]
+    assert got["config"] == {**DEFAULT, **cfg(32)}  # worst 1.01 / 1.00 = 1.01, x's is 1.40 / 1.05
+    assert got["time_ms"] == 1.01  # the entry still reports the config's fastest reading
+    small = tmp_path / "s.sqlite"
+    fill(small, one + two[:2])  # the second sweep measured too few configs to count
+    assert export(small, tmp_path / "one").problems == []
+    assert by_density(read(tmp_path / "one"))[1.0]["config"] == {**DEFAULT, **cfg(16)}

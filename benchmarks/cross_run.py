@@ -1,0 +1,85 @@
+"""Offline: do runs on different cards (or days) agree on a point's best config? (issue 8, no GPU)
+
+``moetune export`` merges a config's rows from every pooled store by their fastest median, so where
+two runs ranked configs differently the table follows whichever run measured faster. Session 14
+found the same fp8 configs 15-39% apart between two H200 runs (results/fp8_decode.md). This reads
+stores, and for every point (kernel, shape, tokens, routes, active fraction, routing) that two or more
+sweeps each measured with at least ``--min-rows`` ok rows, it compares the configs those sweeps share,
+each sweep's times over its own best (like with like):
+
+- each sweep's own best, and how far it sits from the best in the other sweeps;
+- the config the table holds for that density (``--configs``), in each sweep;
+- the config whose worst ratio over the sweeps is lowest (robust across runs).
+
+    python benchmarks/cross_run.py results/tuner_s13/exhaustive_searched.sqlite.gz \\
+        results/tuner_s14/full_space_run1.sqlite.gz results/tuner_s14/full_space_run2.sqlite.gz
+
+Prints one table row per point; pass the committed stores of ``benchmarks/export_tables.sh`` to scan
+everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pandas as pd
+
+from moetune.picker import pick_config
+from moetune.spec import canonical_json, get_spec
+from moetune.store import read_frame
+
+
+def load(paths: list[str]) -> pd.DataFrame:
+    frames = []
+    for path in paths:
+        d = read_frame(path)
+        d = d[d["status"] == "ok"].copy()
+        d["store"] = path
+        frames.append(d)
+    rows = pd.concat(frames, ignore_index=True)
+    keys, shapes = [], []
+    for kernel, config, shape in zip(rows["kernel"], rows["config"], rows["shape"], strict=True):
+        spec = get_spec(kernel)  # as export reads them: canonical configs (missing keys at the default)
+        keys.append(canonical_json(spec.canonical({**spec.default, **json.loads(config)})))
+        shapes.append(canonical_json(spec.normalize_shape(json.loads(shape))))
+    rows["key"], rows["shape"] = keys, shapes
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("stores", nargs="+", help=".sqlite or .sqlite.gz stores")
+    ap.add_argument("--min-rows", type=int, default=200, help="ok rows a sweep needs at a point to count")
+    ap.add_argument("--device", default="NVIDIA H200", help="whose tables to compare with")
+    args = ap.parse_args()
+    rows = load(args.stores)
+    point = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
+    print("| kernel | tokens | routes | sweeps | shared | each sweep's best, worst elsewhere | table pick | "
+          "robust pick |")
+    print("|---|---:|---:|---:|---:|---|---|---|")
+    for pt, here in rows.groupby(point, sort=True):
+        sizes = here.groupby("sweep_id")["key"].nunique()
+        sweeps = list(sizes[sizes >= args.min_rows].index)
+        if len(sweeps) < 2:
+            continue
+        # a config's time in each sweep: the fastest of its repeats there; ratios to that sweep's best
+        times = (here[here["sweep_id"].isin(sweeps)].groupby(["key", "sweep_id"])["time_ms"].min()
+                 .unstack("sweep_id").dropna())
+        if times.empty:
+            continue
+        ratio = times / times.min()
+        worst = ratio.max(axis=1)
+        own = "; ".join(f"{worst[ratio[s].idxmin()]:.3f}" for s in sweeps)
+        kernel, shape, tokens, routes = pt[0], json.loads(pt[1]), pt[2], pt[3]
+        spec = get_spec(kernel)
+        picked = pick_config(kernel, shape, int(routes), device=args.device)
+        table = canonical_json(spec.canonical({**spec.default, **picked}))
+        held = f"{worst[table]:.3f}" if table in worst.index else "not shared"
+        robust = worst.idxmin()
+        print(f"| {kernel} | {tokens} | {routes} | {len(sweeps)} | {len(times)} | {own} | {held} | "
+              f"{worst[robust]:.3f}: {robust} |")
+
+
+if __name__ == "__main__":
+    main()
