@@ -4,8 +4,8 @@
 two runs ranked configs differently the table follows whichever run measured faster. Session 14
 found the same fp8 configs 15-39% apart between two H200 runs (results/fp8_decode.md). This reads
 stores, and for every point (kernel, shape, tokens, routes, active fraction, routing) that two or more
-sweeps each measured with at least ``--min-rows`` ok rows, it compares the configs those sweeps share,
-each sweep's times over its own best (like with like):
+exhaustive sweeps each measured with at least ``--min-rows`` ok configs, it compares the configs those
+sweeps share, each sweep's times over its own best (like with like):
 
 - each sweep's own best, and how far it sits from the best in the other sweeps;
 - the config the table holds for that density (``--configs``), in each sweep;
@@ -52,8 +52,12 @@ def main() -> None:
     ap.add_argument("stores", nargs="+", help=".sqlite or .sqlite.gz stores")
     ap.add_argument("--min-rows", type=int, default=200, help="ok rows a sweep needs at a point to count")
     ap.add_argument("--device", default="NVIDIA H200", help="whose tables to compare with")
+    ap.add_argument("--strategy", default="exhaustive", help="sweeps of this strategy only, as export's "
+                    "cross-run rule ('' for every sweep)")
     args = ap.parse_args()
     rows = load(args.stores)
+    if args.strategy:
+        rows = rows[rows["strategy"] == args.strategy]
     point = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
     print("| kernel | tokens | routes | sweeps | shared | each sweep's best, worst elsewhere | table pick | "
           "robust pick |")

@@ -204,8 +204,8 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
     return chosen, scores[chosen][2]
 
 
-# Ok rows (configs) a sweep needs at a point to take part in the cross-run rule: exhaustive or broad
-# sweeps, whose shared configs include every contender, not budgeted ones of a few dozen. Session 14:
+# Ok rows (configs) an exhaustive sweep needs at a point to take part in the cross-run rule, so that the
+# configs the sweeps share include every contender. Session 14:
 # two H200 runs, 4524 shared configs of DeepSeek-V3 TP8 gate/up at 16 tokens; each run's best was
 # 6-10% off in another run, and the config with the lowest worst ratio 1.6% off in every run
 # (benchmarks/cross_run.py, results/fp8_decode.md).
@@ -213,14 +213,19 @@ CROSS_RUN_ROWS = 200
 
 
 def _cross_run(raw: dict[str, list[dict]], banned: set[str]) -> str | None:
-    """The config with the lowest worst (time / its sweep's best) over the sweeps that each measured at
-    least CROSS_RUN_ROWS configs at this point, among the configs they all measured; None where fewer
-    than two sweeps qualify."""
+    """The config with the lowest worst (time / its sweep's best) over the exhaustive sweeps that each
+    measured at least CROSS_RUN_ROWS configs at this point, among the configs they all measured; None
+    where fewer than two sweeps qualify. Only exhaustive sweeps vote: a whole space measured by one
+    code version on one card. (The reference dataset's "exhaustive-slice" rows, session 5's kernels,
+    would otherwise outvote today's: its K-split rows include a sum launch the kernels no longer
+    run.)"""
     per_sweep: dict[str, dict[str, float]] = defaultdict(dict)
     for cfg, rows in raw.items():
         if cfg in banned:
             continue
         for r in rows:
+            if r.get("strategy") != "exhaustive":
+                continue
             mine = per_sweep[r.get("sweep_id")]
             mine[cfg] = min(mine.get(cfg, math.inf), r["time_ms"])
     broad = [t for t in per_sweep.values() if len(t) >= CROSS_RUN_ROWS]

@@ -341,3 +341,7 @@ def test_broad_sweeps_on_two_cards_decide_by_the_config_robust_across_both(tmp_p
     fill(small, one + two[:2])  # the second sweep measured too few configs to count
     assert export(small, tmp_path / "one").problems == []
     assert by_density(read(tmp_path / "one"))[1.0]["config"] == {**DEFAULT, **cfg(16)}
+    budgeted = tmp_path / "m.sqlite"  # a model-strategy sweep does not vote, however many it measured
+    fill(budgeted, one + [dict(r, strategy="model") for r in two])
+    assert export(budgeted, tmp_path / "m").problems == []
+    assert by_density(read(tmp_path / "m"))[1.0]["config"] == {**DEFAULT, **cfg(16)}
