@@ -6,7 +6,8 @@
 #
 # Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `splits` re-sweeps the other fp8 models at 1-16 tokens
-# (session 12's split timing), `zipf` skewed routing for fp4, `retime` checks a sweep's
+# (session 12's split timing), `zipf` skewed routing for fp4, `polish` coordinate sweeps of fp4
+# from the tables' picks, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
@@ -81,6 +82,9 @@ for st in "${stages[@]}"; do
         sweep -m "${mt_%%:*}" --tp "${mt_##*:}" -k fp8_decode --tokens 1,2,4,8,16 --active 1 \
           --strategy coordinate
       done ;;
+    polish)  # session 14: coordinate sweeps from the tables' picks over V4-Flash TP2's route grid (the
+      # 3072-route gate/up pick was never tried with W_TMA 1, which ran 12.5% faster at 2688 routes)
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ;;
     zipf)  # skewed routing for the fp4 prefill shapes
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill --routing zipf:1.2
