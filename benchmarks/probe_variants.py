@@ -11,6 +11,9 @@ against the same config with the --probe switched on, and that with one pipeline
 - ``gemv`` (fp8 only): the route GEMV without tensor cores (A_FP8 0: one launch, no activation split)
   over BLOCK_SIZE_N x BLOCK_SIZE_K x SPLIT_K x num_warps x GEMV_STAGES (1: as before; 2 and 4: the K
   loop software-pipelined through shared memory), the knobs of how it streams the weights.
+- ``ahead`` (fp4 only): SCALE_AHEAD (each chunk's scales loaded a step early) and A_QUADS (``lut``'s
+  activation halves loaded apart), each and both, both with the other num_warps, and a ``lut`` pick whose
+  M tile exceeds its N tile swapped with the N tile widened to it (where A_QUADS applies).
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
   decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, with SWAP_AB flipped,
   and with the other num_warps (4 <-> 8).
@@ -49,7 +52,17 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
                 **base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split, "num_warps": warps,
                 "GEMV_STAGES": stages}
         return out
-    if probe == "w_tma":
+    if probe == "ahead":
+        quads = table["UNPACK"] == "lut" and table["BLOCK_SIZE_M"] <= table["BLOCK_SIZE_N"]
+        if quads:  # else "ahead" below is SCALE_AHEAD alone
+            out["scale_ahead"] = {**table, "SCALE_AHEAD": 1}
+            out["a_quads"] = {**table, "A_QUADS": 1}
+        on = {**table, "SCALE_AHEAD": 1, "A_QUADS": int(quads)}
+        out[f"{probe}_w{12 - on['num_warps']}"] = {**on, "num_warps": 12 - on["num_warps"]}
+        if table["UNPACK"] == "lut" and not quads:  # the M tile swapped, the N tile widened to it: it splits
+            out[f"{probe}_quads_n{table['BLOCK_SIZE_M']}"] = {**on, "SWAP_AB": 1, "A_QUADS": 1,
+                                                             "BLOCK_SIZE_N": table["BLOCK_SIZE_M"]}
+    elif probe == "w_tma":
         if "A_FP8" in table:  # fp8 decode
             base = dict(table) if table["A_FP8"] else {**table, "A_FP8": 2, "num_stages": 3}
         else:
@@ -57,7 +70,7 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
         if base != table:
             out["a_fp8_2"] = base
         on = {**base, "W_TMA": 1}
-    else:
+    elif probe == "lut":
         decode = table["DECODE"] if table["DECODE"] in ("fp8", "fp8_row") else "fp8"
         on = {**table, "DECODE": decode, "UNPACK": "lut", "BLOCK_SIZE_K": max(64, table["BLOCK_SIZE_K"])}
         for bn in (on["BLOCK_SIZE_N"] // 2, on["BLOCK_SIZE_N"] * 2):
@@ -79,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--family", choices=["fp8_decode", "fp4_prefill"], default="fp8_decode")
-    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv"], default="w_tma")
+    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv", "ahead"], default="w_tma")
     ap.add_argument("--model", help="default: deepseek-v3 (fp8), deepseek-v4-flash (fp4)")
     ap.add_argument("--tp", type=int, help="default: 8 (fp8), 2 (fp4)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="fp8 densities")
@@ -90,7 +103,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp8 = args.family == "fp8_decode"
-    if fp8 == (args.probe == "lut"):
+    if fp8 == (args.probe in ("lut", "ahead")):
         ap.error(f"--probe {args.probe} is not a {args.family} switch")
     model = get_model(args.model or ("deepseek-v3" if fp8 else "deepseek-v4-flash"))
     tp = args.tp or (8 if fp8 else 2)

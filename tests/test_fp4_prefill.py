@@ -56,6 +56,12 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     # W_TMA: packed weight tiles by TMA copies, zeros past N and K (partial tiles in both GEMMs)
     (_cfg(16, 64, 128, "fp8", "halves", SWAP_AB=1, W_TMA=1), _cfg(32, 64, 64, "fp8_row", W_TMA=1)),
     (_cfg(64, 128, 64, "bf16", "asm", W_TMA=1), _cfg(16, 32, 128, "f16", "asm16", SWAP_AB=1, W_TMA=1)),
+    # SCALE_AHEAD (each chunk's scales loaded a step early) and A_QUADS (lut's activation halves loaded apart)
+    (_cfg(16, 64, 128, "fp8", "lut", SCALE_AHEAD=1, A_QUADS=1),
+     _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1)),
+    (_cfg(64, 32, 64, "fp8_row", "lut", SCALE_AHEAD=1), _cfg(16, 64, 128, "bf16", "halves", SCALE_AHEAD=1)),
+    (_cfg(32, 128, 64, "f16", "asm16", SWAP_AB=1, SCALE_AHEAD=1),
+     _cfg(16, 32, 64, "fp8", "lut", SWAP_AB=1, A_QUADS=1)),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):
     args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)
@@ -206,6 +212,10 @@ def test_bad_inputs_name_the_argument():
     ({"gate_up": {"num_stages": 0}}, "num_stages"),
     ({"gate_up": {"W_TMA": 2}}, "W_TMA"),
     ({"down": {"W_TMA": 1, "DECODE": "fp8_scaled"}}, "W_TMA"),
+    ({"gate_up": {"SCALE_AHEAD": True}}, "SCALE_AHEAD"),
+    ({"down": {"SCALE_AHEAD": 1, "DECODE": "fp8_scaled"}}, "SCALE_AHEAD"),
+    ({"down": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "halves", "BLOCK_SIZE_K": 64}}, "A_QUADS"),
+    ({"gate_up": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "lut", "BLOCK_SIZE_M": 128}}, "A_QUADS"),
     ({"middle": {}}, "middle"),
     ([1, 2], "config"),
 ])

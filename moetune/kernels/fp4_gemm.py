@@ -58,6 +58,16 @@ wgmma at all. The scale factors and the store follow the transposition.
   Scale codes <= 240.
 
 All but ``bf16`` need BLOCK_SIZE_K <= 128 (one activation scale per chunk).
+
+``SCALE_AHEAD`` loads each K chunk's weight and activation scales one step early, into registers
+carried by the loop. Triton's pipeline stages copy only loads of 4 bytes or more a thread
+asynchronously, and a chunk's scales are 1-2 bytes a thread, so without it every step waits a global
+load's latency before it can decode.
+
+``A_QUADS`` (``lut`` with M tiles up to the N tile): the activation tile's two halves are loaded as
+they are used, columns k0-3 and k4-7 of every eight (4-byte runs, which the pipeline copies into
+shared memory asynchronously), instead of loaded whole and split in registers, which sends them
+through registers back to shared memory for the tensor cores every step.
 """
 
 from __future__ import annotations
@@ -314,6 +324,18 @@ def _e4m3_raw(packed, ROWS: tl.constexpr, COLS: tl.constexpr, USE_ASM: tl.conste
     return raw.to(tl.float8e4nv, bitcast=True)
 
 
+@triton.jit
+def _chunk_scales(ws_rows, as_rows, n_ok, row_ok, k0, K, G: tl.constexpr):
+    """The UE8M0 weight scales [BN, G] (int32; 127 past K) and the activation scales [BM] (0 past K) of
+    the K chunk at k0."""
+    offs_g = k0 // 32 + tl.arange(0, G)
+    s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None] & (offs_g < K // 32)[None, :],
+                other=127).to(tl.int32)
+    k_left = row_ok.to(tl.int32) * 0 + k0 < K  # a tensor: the interpreter takes no scalar mask term here
+    xs = tl.load(as_rows + k0 // 128, mask=row_ok & k_left, other=0.0)
+    return s, xs
+
+
 # num_blocks moves with E and the routes (only compared); GROUP_SIZE_M only orders the programs: both
 # are run-time values, never specialized, so every GROUP_SIZE_M of a tile runs one binary.
 @triton.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
@@ -326,6 +348,7 @@ def fp4_moe_gemm_kernel(
     USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, W_TMA: tl.constexpr,
+    SCALE_AHEAD: tl.constexpr, A_QUADS: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)
@@ -367,6 +390,8 @@ def fp4_moe_gemm_kernel(
         acc = tl.zeros((BLOCK_SIZE_N, BLOCK_SIZE_M), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if SCALE_AHEAD:
+        s_next, xs_next = _chunk_scales(ws_rows, as_rows, n_ok, row_ok, 0, K, G)
     for k0 in range(0, K, BLOCK_SIZE_K):
         if DECODE == 2:
             xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
@@ -393,17 +418,25 @@ def fp4_moe_gemm_kernel(
             offs_k = k0 + tl.arange(0, BLOCK_SIZE_K)
             offs_g = k0 // 32 + tl.arange(0, G)
             offs_b = k0 // 2 + tl.arange(0, BLOCK_SIZE_K // 2)
+            if SCALE_AHEAD:  # this chunk's scales came with the last step; the next chunk's leave now
+                s, xs = s_next, xs_next
+                s_next, xs_next = _chunk_scales(ws_rows, as_rows, n_ok, row_ok, k0 + BLOCK_SIZE_K, K, G)
             if EVEN_K:
                 k_ok = offs_k >= 0
-                a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None], other=0.0)
-                s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None], other=127).to(tl.int32)
+                if not A_QUADS:
+                    a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None], other=0.0)
+                if not SCALE_AHEAD:
+                    s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None],
+                                other=127).to(tl.int32)
                 if not W_TMA:
                     packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
             else:
                 k_ok = offs_k < K
-                a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-                s = tl.load(ws_rows[:, None] + offs_g[None, :],
-                            mask=n_ok[:, None] & (offs_g < K // 32)[None, :], other=127).to(tl.int32)
+                if not A_QUADS:
+                    a = tl.load(a_rows + offs_k[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                if not SCALE_AHEAD:
+                    s = tl.load(ws_rows[:, None] + offs_g[None, :],
+                                mask=n_ok[:, None] & (offs_g < K // 32)[None, :], other=127).to(tl.int32)
                 if not W_TMA:
                     packed = tl.load(w_rows + offs_b[None, :],
                                      mask=n_ok[:, None] & (offs_b < K // 2)[None, :], other=0)
@@ -420,7 +453,15 @@ def fp4_moe_gemm_kernel(
                 if BLOCK_SIZE_M > BLOCK_SIZE_N:  # reorder the smaller tile: here the weights, one dot
                     part = _mm(a, _unquads(b, b2, BLOCK_SIZE_N, BLOCK_SIZE_K), tl.zeros_like(acc), SWAP_AB)
                 else:  # the activations split the same way, two dots of K / 2
-                    a1, a2 = _quads(a, BLOCK_SIZE_M, BLOCK_SIZE_K)
+                    if A_QUADS:  # columns k0-3 (a1) and k4-7 (a2) of every eight, loaded as such
+                        q = tl.arange(0, BLOCK_SIZE_K // 2)
+                        offs_q = k0 + (q // 4) * 8 + q % 4
+                        a1 = tl.load(a_rows + offs_q[None, :], mask=row_ok[:, None] & (offs_q < K)[None, :],
+                                     other=0.0)
+                        a2 = tl.load(a_rows + (offs_q + 4)[None, :],
+                                     mask=row_ok[:, None] & (offs_q + 4 < K)[None, :], other=0.0)
+                    else:
+                        a1, a2 = _quads(a, BLOCK_SIZE_M, BLOCK_SIZE_K)
                     part = _mm(a2, b2, _mm(a1, b, tl.zeros_like(acc), SWAP_AB), SWAP_AB)
             else:
                 # Weights as fp16 w16 = e2m1 * 2^W16_EXP, exact (subnormals included).
@@ -479,7 +520,8 @@ def fp4_moe_gemm_kernel(
             if DECODE == 0:
                 acc = part
             else:
-                xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
+                if not SCALE_AHEAD:
+                    xs = tl.load(as_rows + k0 // 128, mask=row_ok, other=0.0)
                 if DECODE == 4:  # the row factor waits for the end of the K loop
                     acc += part * _rows(xs, SWAP_AB)
                 else:
@@ -521,6 +563,6 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         SWAP_AB=bool(config.get("SWAP_AB", 0)),
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
-        W_TMA=w_tma,
+        W_TMA=w_tma, SCALE_AHEAD=bool(config.get("SCALE_AHEAD", 0)), A_QUADS=bool(config.get("A_QUADS", 0)),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )

@@ -34,7 +34,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
-    "A_LAYOUT": "indexed", "W_TMA": 0,
+    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -79,8 +79,16 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    if cfg["W_TMA"] not in (0, 1) or isinstance(cfg["W_TMA"], bool):
-        raise ValueError(f"config W_TMA must be 0 or 1, got {cfg['W_TMA']!r}")
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS"):
+        if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
+            raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
+    if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
+        raise ValueError("config SCALE_AHEAD 1 needs a whole-chunk decode: DECODE 'fp8_scaled' loads 32-K "
+                         "slices")
+    if cfg["A_QUADS"] and (cfg["UNPACK"] != "lut" or cfg["BLOCK_SIZE_M"] > cfg["BLOCK_SIZE_N"]):
+        raise ValueError(f"config A_QUADS 1 loads the activation halves UNPACK 'lut' splits, with "
+                         f"BLOCK_SIZE_M <= BLOCK_SIZE_N; got UNPACK {cfg['UNPACK']!r}, BLOCK_SIZE_M "
+                         f"{cfg['BLOCK_SIZE_M']}, BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']}")
     if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
     if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
@@ -192,6 +200,8 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
     cfg["BLOCK_SIZE_K"] = min(cfg["BLOCK_SIZE_K"], 1 << int(math.log2(shape["K"])))
     if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
         cfg.update(UNPACK="join", SWAP_AB=0)
+    if cfg["UNPACK"] != "lut" or cfg["BLOCK_SIZE_M"] > cfg["BLOCK_SIZE_N"]:
+        cfg["A_QUADS"] = 0
     return cfg
 
 
