@@ -84,7 +84,8 @@ for st in "${stages[@]}"; do
       done ;;
     polish)  # session 14: coordinate sweeps from the tables' picks over V4-Flash TP2's route grid (the
       # 3072-route gate/up pick was never tried with W_TMA 1, which ran 12.5% faster at 2688 routes)
-      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ;;
+      # ($ROUTES: only these route counts)
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ${ROUTES:+--routes "$ROUTES"} ;;
     zipf)  # skewed routing for the fp4 prefill shapes
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill --routing zipf:1.2

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -29,6 +29,8 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "SWAP_AB": (0, 1),
     "A_LAYOUT": ("indexed", "gathered"),
     "W_TMA": (0, 1),
+    "SCALE_AHEAD": (0, 1),
+    "A_QUADS": (0, 1),
 }
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
@@ -135,7 +137,7 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     return max(pipeline + acts + weights + xs + small, min(4 * bm * bn, 64 * 1024))
 
 
-@functools.lru_cache(maxsize=1 << 18)
+@functools.lru_cache(maxsize=1 << 20)
 def _config_check(gemm: str, items: tuple) -> tuple[str | None, dict[str, Any], int]:
     """The problem-independent half of the constraint, cached: a sweep plans the same space of
     ~10^5 configs at every density, and checking a config is most of the planning time."""
@@ -214,6 +216,17 @@ class Fp4PrefillSpec(KernelSpec):
 
     def check_config(self, config: Mapping[str, Any]) -> None:
         normalize_config(config, self.gemm)
+
+    def candidates(self) -> Iterator[Config]:
+        """The space's product without the switch values a config cannot take (A_QUADS 1 beside any
+        UNPACK but ``lut`` or with an M tile over the N tile, SCALE_AHEAD 1 with DECODE ``fp8_scaled``):
+        they would be rejected anyway, after the costlier constraint."""
+        for cfg in super().candidates():
+            if cfg.get("A_QUADS") and (cfg["UNPACK"] != "lut" or cfg["BLOCK_SIZE_M"] > cfg["BLOCK_SIZE_N"]):
+                continue
+            if cfg.get("SCALE_AHEAD") and cfg["DECODE"] == "fp8_scaled":
+                continue
+            yield cfg
 
     def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
         experts, inter = model.per_rank(tp, ep)
