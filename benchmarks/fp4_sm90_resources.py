@@ -48,8 +48,7 @@ def compile_config(config: dict, a_div: int, maxnreg: int | None = None) -> trit
                  USE_ASM=fp4_gemm.UNPACKS[config["UNPACK"]] != 0, SWAP_AB=bool(config["SWAP_AB"]),
                  BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
                  BLOCK_SIZE_K=config["BLOCK_SIZE_K"], EVEN_K=True, F32_DOT=False, W_TMA=tma,
-                 SCALE_AHEAD=bool(config["SCALE_AHEAD"]), A_QUADS=bool(config["A_QUADS"]),
-                 POOL8=bool(config["POOL8"]))
+                 SCALE_AHEAD=bool(config["SCALE_AHEAD"]), A_QUADS=bool(config["A_QUADS"]))
     types = dict(_TYPES)
     if tma:
         types["w_ptr"] = f"tensordesc<u8[1,{config['BLOCK_SIZE_N']},{config['BLOCK_SIZE_K'] // 2}]>"

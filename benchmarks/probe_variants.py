@@ -52,16 +52,6 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
                 **base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split, "num_warps": warps,
                 "GEMV_STAGES": stages}
         return out
-    if probe == "pool8":  # lut's pools as byte tensors, with SCALE_AHEAD / A_QUADS / fp8_row
-        if table["UNPACK"] != "lut":
-            return out
-        quads = int(table["BLOCK_SIZE_M"] <= table["BLOCK_SIZE_N"])
-        for decode in ("fp8", "fp8_row"):
-            for p8, sa, aq in itertools.product((0, 1), (0, 1), (0, quads) if quads else (0,)):
-                cfg = {**table, "DECODE": decode, "POOL8": p8, "SCALE_AHEAD": sa, "A_QUADS": aq}
-                if cfg != {**table, "POOL8": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}:
-                    out[f"{decode}_p{p8}_sa{sa}_aq{aq}"] = cfg
-        return out
     if probe == "ahead":
         quads = table["UNPACK"] == "lut" and table["BLOCK_SIZE_M"] <= table["BLOCK_SIZE_N"]
         if quads:  # else "ahead" below is SCALE_AHEAD alone
@@ -102,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--family", choices=["fp8_decode", "fp4_prefill"], default="fp8_decode")
-    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv", "ahead", "pool8"], default="w_tma")
+    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv", "ahead"], default="w_tma")
     ap.add_argument("--model", help="default: deepseek-v3 (fp8), deepseek-v4-flash (fp4)")
     ap.add_argument("--tp", type=int, help="default: 8 (fp8), 2 (fp4)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="fp8 densities")
@@ -113,7 +103,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp8 = args.family == "fp8_decode"
-    if fp8 == (args.probe in ("lut", "ahead", "pool8")):
+    if fp8 == (args.probe in ("lut", "ahead")):
         ap.error(f"--probe {args.probe} is not a {args.family} switch")
     model = get_model(args.model or ("deepseek-v3" if fp8 else "deepseek-v4-flash"))
     tp = args.tp or (8 if fp8 else 2)

@@ -57,9 +57,8 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     (_cfg(16, 64, 128, "fp8", "halves", SWAP_AB=1, W_TMA=1), _cfg(32, 64, 64, "fp8_row", W_TMA=1)),
     (_cfg(64, 128, 64, "bf16", "asm", W_TMA=1), _cfg(16, 32, 128, "f16", "asm16", SWAP_AB=1, W_TMA=1)),
     # SCALE_AHEAD (each chunk's scales loaded a step early) and A_QUADS (lut's activation halves loaded apart)
-    # (and POOL8, lut's pools as bytes, which only the GPU's PTX path reads)
-    (_cfg(16, 64, 128, "fp8", "lut", SCALE_AHEAD=1, A_QUADS=1, POOL8=1),
-     _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1, POOL8=1)),
+    (_cfg(16, 64, 128, "fp8", "lut", SCALE_AHEAD=1, A_QUADS=1),
+     _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1)),
     (_cfg(64, 32, 64, "fp8_row", "lut", SCALE_AHEAD=1), _cfg(16, 64, 128, "bf16", "halves", SCALE_AHEAD=1)),
     (_cfg(32, 128, 64, "f16", "asm16", SWAP_AB=1, SCALE_AHEAD=1),
      _cfg(16, 32, 64, "fp8", "lut", SWAP_AB=1, A_QUADS=1)),

@@ -166,26 +166,6 @@ or.b32 $1, u, v;
 """)
 
 
-# The same lookup with each pool as two registers of its bytes ($3: bytes 0-3, $4: bytes 4-7), passed as
-# byte tensors replicated over the group's words: 3 input registers a word instead of 9.
-_E2M1_TO_E4M3_LUT8_ASM = tl.constexpr("""
-{
-.reg .b32 m, t, u, v;
-and.b32 m, $2, 0x77777777;
-shl.b32 t, $2, 4;
-prmt.b32 u, $3, $4, m;
-prmt.b32 v, t, $2, 0x5140;
-and.b32 v, v, 0x80808080;
-or.b32 $0, u, v;
-shr.b32 m, m, 16;
-prmt.b32 u, $3, $4, m;
-prmt.b32 v, t, $2, 0x7362;
-and.b32 v, v, 0x80808080;
-or.b32 $1, u, v;
-}
-""")
-
-
 @triton.jit
 def _quads(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     """[ROWS, COLS] -> (first, second) [ROWS, COLS // 2]: the first and last four of every eight columns,
@@ -232,8 +212,7 @@ def _unquads(first, second, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
-def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr,
-               POOL8: tl.constexpr):
+def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr):
     """uint8 [ROWS, G * 16] packed codes and their re-base distance d [ROWS, G] (<= LUT_MAX_D) ->
     ``_quads`` of the float8e4nv weights [ROWS, G * 32] = e2m1 * 2^(1 - d), rounded to e4m3 as
     ``halves``' fp16 product is on the GPU. The GPU makes each (row, group)'s pool in registers (no
@@ -247,20 +226,9 @@ def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM:
     else:
         lo = tl.load(lut_ptr + 2 * d)
         hi = tl.load(lut_ptr + 2 * d + 1)
-    if USE_ASM and POOL8:
-        j8 = (tl.arange(0, 4) * 8)[None, None, :]
-        lo8 = ((lo[:, :, None] >> j8) & 0xFF).to(tl.uint8)
-        hi8 = ((hi[:, :, None] >> j8) & 0xFF).to(tl.uint8)
-        lo_pool = tl.reshape(tl.broadcast_to(lo8[:, :, None, :], (ROWS, G, 4, 4)), (ROWS, G * 16))
-        hi_pool = tl.reshape(tl.broadcast_to(hi8[:, :, None, :], (ROWS, G, 4, 4)), (ROWS, G * 16))
-    else:
-        lo_pool = tl.reshape(tl.broadcast_to(lo[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
-        hi_pool = tl.reshape(tl.broadcast_to(hi[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
-    if USE_ASM and POOL8:
-        first, second = tl.inline_asm_elementwise(_E2M1_TO_E4M3_LUT8_ASM, "=r,=r,r,r,r",
-                                                  [packed, lo_pool, hi_pool], dtype=(tl.uint8, tl.uint8),
-                                                  is_pure=True, pack=4)
-    elif USE_ASM:
+    lo_pool = tl.reshape(tl.broadcast_to(lo[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
+    hi_pool = tl.reshape(tl.broadcast_to(hi[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
+    if USE_ASM:
         first, second = tl.inline_asm_elementwise(_E2M1_TO_E4M3_LUT_ASM, "=r,=r,r,r,r,r,r,r,r,r,r",
                                                   [packed, lo_pool, hi_pool], dtype=(tl.uint8, tl.uint8),
                                                   is_pure=True, pack=4)
@@ -380,7 +348,7 @@ def fp4_moe_gemm_kernel(
     USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, W_TMA: tl.constexpr,
-    SCALE_AHEAD: tl.constexpr, A_QUADS: tl.constexpr, POOL8: tl.constexpr,
+    SCALE_AHEAD: tl.constexpr, A_QUADS: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)
@@ -481,7 +449,7 @@ def fp4_moe_gemm_kernel(
                 else:
                     smax = tl.max(s, axis=1)
                 b, b2 = _lut_quads(packed, tl.minimum(smax[:, None] - s, LUT_MAX_D), lut_ptr, BLOCK_SIZE_N, G,
-                                   USE_ASM, POOL8)
+                                   USE_ASM)
                 if BLOCK_SIZE_M > BLOCK_SIZE_N:  # reorder the smaller tile: here the weights, one dot
                     part = _mm(a, _unquads(b, b2, BLOCK_SIZE_N, BLOCK_SIZE_K), tl.zeros_like(acc), SWAP_AB)
                 else:  # the activations split the same way, two dots of K / 2
@@ -596,6 +564,5 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
         W_TMA=w_tma, SCALE_AHEAD=bool(config.get("SCALE_AHEAD", 0)), A_QUADS=bool(config.get("A_QUADS", 0)),
-        POOL8=bool(config.get("POOL8", 0)),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
