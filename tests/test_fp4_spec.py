@@ -67,8 +67,8 @@ def test_heuristic_tracks_density():
 
 
 def test_hopper_heuristic_follows_the_h200_winners():
-    """sm_90: the M tile grows with rows per expert; fp8 decode swapped, by lut, up to 32 rows, else
-    halves or join."""
+    """sm_90: the M tile grows with rows per expert; fp8 decode swapped, by lut, up to 32 rows; lut with
+    SCALE_AHEAD and 8 warps at 96 rows; halves or join elsewhere."""
     m = get_model("deepseek-v4-flash")
     densities = (3, 6, 12, 24, 48, 96, 192, 384)
     for op in OPS:
@@ -76,7 +76,8 @@ def test_hopper_heuristic_follows_the_h200_winners():
         shape = spec.shape_from_model(m, tp=2)
         picks = [spec.heuristic(shape, 256 * d, "sm_90") for d in densities]
         assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 16, 16, 32, 64, 128, 128, 128]
-        assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "halves", 0) for p in picks[5:])
+        assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "halves", 0) for p in picks[6:])
+        assert (picks[5]["UNPACK"], picks[5]["SCALE_AHEAD"], picks[5]["num_warps"]) == ("lut", 1, 8)
         assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "lut", 1) for p in picks[:4])
         if op.endswith("gate_up"):
             assert (picks[4]["DECODE"], picks[4]["UNPACK"]) == ("fp8", "join")

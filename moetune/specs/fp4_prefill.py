@@ -160,9 +160,10 @@ def _next_pow2(v: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(v, 1))))
 
 
-def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: str, swap: int = 0) -> dict:
+def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: str, swap: int = 0,
+       **switches: int) -> dict:
     return dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, num_warps=w, num_stages=st, GROUP_SIZE_M=g,
-                DECODE=decode, UNPACK=unpack, SWAP_AB=swap)
+                DECODE=decode, UNPACK=unpack, SWAP_AB=swap, **switches)
 
 
 # sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2.
@@ -172,19 +173,23 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
 # session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2). Up to 32 rows UNPACK lut since
 # session 12: the 16-row tile with lut (and W_TMA) 0.449 / 0.236 ms against 0.548 / 0.289 ms with halves at
 # 6 rows, and lut won the session-12 sweeps at every density from 3 to 24 rows (results/fp4_prefill.md,
-# session 12); the 32-row band's tile is those sweeps' best at 18 and 24 rows for both GEMMs.
+# session 12); the 32-row band's tile is those sweeps' best at 18 and 24 rows for both GEMMs (for down with
+# SCALE_AHEAD and A_QUADS since session 15, best at 12-36 rows). Up to 128 rows: session 15's lut tile with 16
+# warps an SM and SCALE_AHEAD, best at 72 and 96 rows for both GEMMs (results/fp4_prefill.md, session 15).
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
         (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.449 ms at 6 (halves 0.548, session 2 0.67)
         (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.660 ms at 24 (halves BN64 0.70, 0.79)
         (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
-        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.401 ms at 96 (1.76)
+        (128, _t(128, 64, 128, 8, 3, 8, "fp8", "lut", SCALE_AHEAD=1)),  # 1.297 ms at 96 (halves 1.401)
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 2.62 ms at 144
     ),
     "down": (
         (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.236 ms at 6 (halves 0.289)
-        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.316 ms at 24 (halves 0.36, 0.39)
+        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1)),  # 0.298 ms at 24
         (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
-        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 0.810 ms at 96 (1.04)
+        (128, _t(128, 64, 128, 8, 3, 8, "fp8_row", "lut", SCALE_AHEAD=1)),  # 0.701 ms at 96 (halves 0.810)
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.56 ms at 192
     ),
 }
 
