@@ -7,7 +7,7 @@
 # Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `splits` re-sweeps the other fp8 models at 1-16 tokens
 # (session 12's split timing), `zipf` skewed routing for fp4, `polish` coordinate sweeps of fp4
-# from the tables' picks, `retime` checks a sweep's
+# from the tables' picks, `cross` every fp4 table pick at every density of its table, `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
@@ -86,6 +86,16 @@ for st in "${stages[@]}"; do
       # 3072-route gate/up pick was never tried with W_TMA 1, which ran 12.5% faster at 2688 routes)
       # ($ROUTES: only these route counts)
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ${ROUTES:+--routes "$ROUTES"} ;;
+    cross)  # session 15: every pick of V4-Flash TP2's fp4 tables measured at every density of its table up to
+      # $MAX_ROUTES, so no entry is slower there than another entry's config (benchmarks/table_picks.py)
+      for g in gate_up down; do
+        routes=$(python benchmarks/table_picks.py -k fp4_prefill.$g -m deepseek-v4-flash --tp 2 \
+          --starts "$OUT/picks_$g.json" --max-routes "${MAX_ROUTES:-24576}")
+        n=$(python -c "import json, sys; print(len(json.load(open(sys.argv[1]))))" "$OUT/picks_$g.json")
+        mt sweep --db "$DB" --budget $((n + 1)) ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" --quiet \
+          -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
+          --start "$OUT/picks_$g.json"
+      done ;;
     zipf)  # skewed routing for the fp4 prefill shapes
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --routing zipf:1.2
       sweep -m deepseek-v4-flash --tp 1 -k fp4_prefill --routing zipf:1.2
