@@ -63,6 +63,7 @@ fp4=(
   $H/picker_direct_s14.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_polish_s15.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_ahead_s15.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s15.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
