@@ -7,7 +7,8 @@
 # Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `splits` re-sweeps the other fp8 models at 1-16 tokens
 # (session 12's split timing), `zipf` skewed routing for fp4, `polish` coordinate sweeps of fp4
-# from the tables' picks, `cross` every fp4 table pick at every density of its table, `retime` checks a sweep's
+# from the tables' picks, `cross` every fp4 table pick at every density of its table, `refine` sweeps the midpoints where
+# neighbouring fp4 picks are different designs (CROSS: the cross stores), `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
 # times issue 3's full exhaustive sweep from an empty Triton cache on GPU 0, `exhaustive_tables` sweeps
@@ -94,6 +95,15 @@ for st in "${stages[@]}"; do
         n=$(python -c "import json, sys; print(len(json.load(open(sys.argv[1]))))" "$OUT/picks_$g.json")
         mt sweep --db "$DB" --budget $((n + 1)) ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" --quiet \
           -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
+          --start "$OUT/picks_$g.json"
+      done ;;
+    refine)  # session 15: the midpoints of the intervals where two neighbouring fp4 picks are different designs,
+      # each slower at the other's density, by $CROSS's measurements (cross stores), swept from both picks
+      for g in gate_up down; do
+        routes=$(python benchmarks/table_picks.py -k fp4_prefill.$g -m deepseek-v4-flash --tp 2 \
+          --starts "$OUT/picks_$g.json" --max-routes "${MAX_ROUTES:-24576}" --boundaries ${CROSS:?set CROSS})
+        [ -n "$routes" ] && mt sweep --db "$DB" --budget "$BUDGET" ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" \
+          --quiet -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
           --start "$OUT/picks_$g.json"
       done ;;
     zipf)  # skewed routing for the fp4 prefill shapes
