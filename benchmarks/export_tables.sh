@@ -38,6 +38,7 @@ fp8=(
   results/tuner_s14/full_space_run1.sqlite.gz
   results/tuner_s14/full_space_run2.sqlite.gz
   $H/picker_direct_s14.sqlite.gz
+  $H/picker_direct_s15.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz
@@ -64,6 +65,10 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_polish_s15.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_ahead_s15.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s15.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_refine_s15.sqlite.gz
+  $H/picker_direct_s15.sqlite.gz
+  $H/picker_direct2_s15.sqlite.gz
+  $H/picker_direct3_s15.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
