@@ -177,3 +177,19 @@ def test_sm90_skips_the_fp4_decodes_the_h200_stores_show_never_win():
     full = plan_point(spec, problem, H200, full_space=True)
     assert {c["DECODE"] for c in searched.candidates} == {"bf16", "fp8", "fp8_row"}
     assert {c["DECODE"] for c in full.candidates} >= {"f16", "fp8_scaled"}
+
+
+def test_candidates_are_the_valid_configs_of_the_full_product():
+    """candidates() checks each switch combination once instead of every config: what it yields is the
+    full product's configs that pass the config checks, each once (a reduced tile space, every switch)."""
+    from moetune.spec import KernelSpec, canonical_json
+    from moetune.specs.fp4_prefill import Fp4GateUpSpec, _config_check
+
+    spec = Fp4GateUpSpec()
+    spec.space = {**spec.space, "BLOCK_SIZE_M": (16, 128), "BLOCK_SIZE_N": (32, 64), "GROUP_SIZE_M": (1,),
+                  "num_warps": (4,), "num_stages": (1, 3)}
+    full = {canonical_json(c) for c in KernelSpec.candidates(spec)
+            if _config_check(spec.gemm, tuple(c.items()))[0] is None}
+    got = [canonical_json(c) for c in spec.candidates()]
+    assert len(got) == len(set(got)) and set(got) == full
+    assert any('"A_QUADS":1' in c for c in got) and any('"SCALE_AHEAD":1' in c for c in got)
