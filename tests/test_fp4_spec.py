@@ -68,7 +68,7 @@ def test_heuristic_tracks_density():
 
 def test_hopper_heuristic_follows_the_h200_winners():
     """sm_90: the M tile grows with rows per expert; fp8 decode swapped, by lut, up to 32 rows; lut with
-    SCALE_AHEAD and 8 warps at 96 rows; halves or join elsewhere."""
+    SCALE_AHEAD and 8 warps at 96 rows; halves, or asm16 for gate/up at 48 rows, elsewhere."""
     m = get_model("deepseek-v4-flash")
     densities = (3, 6, 12, 24, 48, 96, 192, 384)
     for op in OPS:
@@ -80,7 +80,7 @@ def test_hopper_heuristic_follows_the_h200_winners():
         assert (picks[5]["UNPACK"], picks[5]["SCALE_AHEAD"], picks[5]["num_warps"]) == ("lut", 1, 8)
         assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "lut", 1) for p in picks[:4])
         if op.endswith("gate_up"):
-            assert (picks[4]["DECODE"], picks[4]["UNPACK"]) == ("fp8", "join")
+            assert (picks[4]["DECODE"], picks[4]["UNPACK"]) == ("fp8", "asm16")
         else:
             assert (picks[4]["DECODE"], picks[4]["UNPACK"], picks[4]["SWAP_AB"]) == ("fp8", "halves", 1)
         for d, p in zip(densities, picks, strict=True):

@@ -176,12 +176,13 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
 # 6 rows, and lut won the session-12 sweeps at every density from 3 to 24 rows (results/fp4_prefill.md,
 # session 12); the 32-row band's tile is those sweeps' best at 18 and 24 rows for both GEMMs (for down with
 # SCALE_AHEAD and A_QUADS since session 15, best at 12-36 rows). Up to 128 rows: session 15's lut tile with 16
-# warps an SM and SCALE_AHEAD, best at 72 and 96 rows for both GEMMs (results/fp4_prefill.md, session 15).
+# warps an SM and SCALE_AHEAD, best at 72 and 96 rows for both GEMMs (results/fp4_prefill.md, session 15). The
+# 64-row band's gate/up tile: the tables' pick at 36 and 48 rows (asm16), 1.2x the join tile there.
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
         (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.449 ms at 6 (halves 0.548, session 2 0.67)
         (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.660 ms at 24 (halves BN64 0.70, 0.79)
-        (64, _t(64, 128, 128, 8, 1, 8, "fp8", "join")),       # 1.33 ms at 48 (sweep best 1.66)
+        (64, _t(64, 128, 128, 8, 1, 8, "fp8", "asm16")),      # 1.075 ms at 48 (join 1.32, session 15 bench)
         (128, _t(128, 64, 128, 8, 3, 8, "fp8", "lut", SCALE_AHEAD=1)),  # 1.297 ms at 96 (halves 1.401)
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 2.62 ms at 144
     ),
