@@ -255,6 +255,36 @@ class Sweep:
         self.on_event("done", points=self.points)
         return self.points
 
+    def cross(self) -> None:
+        """Measure each point's best at every other point of the same op, shape and routing that has not
+        measured it (``moetune sweep --cross``, after :meth:`run`): one sub-sweep per such group, with
+        those bests as its starts and a budget of one, so nothing else is measured. The picker serves a
+        density between two entries with the nearer entry's config, which that entry's own search may
+        never have tried at the other densities; such a pass over the committed V4-Flash fp4 tables made
+        entries at 768-3456 routes up to 18% faster on the H200 (results/fp4_prefill.md, session 15)."""
+        groups: dict[tuple, list[Point]] = collections.defaultdict(list)
+        for pt in self.points:
+            groups[(pt.problem.kernel, pt.problem.shape_key, pt.problem.routing)].append(pt)
+        for group in groups.values():
+            bests = {canonical_json(pt.best.config): pt.best.config for pt in group if pt.best is not None}
+            if len(group) < 2 or not bests:
+                continue
+            left = None if self._deadline is None else self._deadline - time.monotonic()
+            if left is not None and left <= 0:
+                self.timed_out = True
+                return
+            sub = type(self)(self.store, self.runner, strategy=self.strategy, budget=1, seed=self.seed,
+                             on_event=self.on_event, sweep_id=self.sweep_id, batch=self.batch,
+                             time_limit=left, retry=self.retry, starts=list(bests.values()),
+                             full_space=self.full_space)
+            sub.plan(group, self.device)
+            sub.run()
+            self.overhead_ms += sub.overhead_ms
+            self.phases_ms += sub.phases_ms
+            if sub.timed_out:
+                self.timed_out = True
+                return
+
     def _out_of_time(self) -> bool:
         if self._deadline is not None and time.monotonic() > self._deadline:
             self.timed_out = True

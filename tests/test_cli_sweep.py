@@ -121,6 +121,20 @@ def test_start_configs_are_measured_first_where_the_space_holds_them(cli, tmp_pa
         assert order[1:3] == [41, 17] and 99 not in order and len(order) == 4, order
 
 
+def test_cross_measures_the_other_points_bests_beyond_the_budget(cli, tmp_path):
+    db = tmp_path / "x.sqlite"
+    res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1,2,4", "--strategy",
+              "random", "--budget", "3", "--cross", "--db", db)
+    assert res.exit_code == 0, res.output
+    with Store(db) as s:
+        rows = s.frame().sort_values("id")
+    searched = rows.groupby("tokens").head(3)  # the budget's three a point come first
+    bests = set(searched.loc[searched.groupby("tokens")["time_ms"].idxmin(), "config"])
+    for tokens in (1, 2, 4):
+        got = rows[rows["tokens"] == tokens]["config"]
+        assert got.is_unique and bests <= set(got) and len(got) <= 3 + len(bests) - 1
+
+
 @pytest.mark.parametrize("content", [b"", b"SQLite format 3\x00 but truncated garbage", b"hello"])
 def test_foreign_database_is_left_alone(cli, tmp_path, content):
     db = tmp_path / "precious.db"

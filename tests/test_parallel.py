@@ -621,3 +621,18 @@ def test_a_ready_only_pump_keeps_the_crash_of_a_worker_that_died_on_its_task(tmp
         assert key == "k" and res["status"] == "crash" and "SIGABRT" in res["reason"]
     finally:
         pool.stop()
+
+
+def test_cross_on_the_parallel_driver(tmp_path):
+    """--cross through ParallelSweep: each point measures the other points' bests; with times that depend
+    on the config alone, every point then ends at the fastest of them."""
+    problems = _problems("test.steady_wide", [1, 2, 4])
+    with Store(tmp_path / "x.sqlite") as store:
+        sw = ParallelSweep(store, FakeBackend(3), strategy="random", budget=3, seed=1)
+        bests = {canonical_json(pt.best.config) for pt in sw.run(problems)}
+        sw.cross()
+        rows = store.frame()
+    assert len(bests) > 1  # else the pass has nothing to do
+    for t in (1, 2, 4):
+        assert bests <= set(rows[rows["tokens"] == t]["config"])
+    assert len({canonical_json(pt.best.config) for pt in sw.points}) == 1

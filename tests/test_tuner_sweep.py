@@ -245,3 +245,25 @@ def test_other_ops_of_a_path_warm_start_each_other_at_the_same_density(tmp_path)
         assert at_1.index(sibling) <= at_1.index(points[2].best.config)
     assert points[1].best.config in at_2  # the same op's winner at tokens 1
     assert sibling not in at_2 or sibling in (heuristic_2, points[1].best.config)  # no sibling across
+
+
+def test_cross_measures_each_points_best_at_the_other_points(tmp_path):
+    """--cross: after the search, every point of an op and shape measures the other points' bests that it
+    has not measured (those in its space), and nothing else; a second pass measures nothing."""
+    spec = crashy_spec.STEADY_WIDE
+    problems = [spec.problem(spec.shape_from_model(get_model("tiny")), t) for t in (1, 2, 4)]
+    with Store(tmp_path / "c.sqlite") as store, Runner(timeout=30) as runner:
+        sw = Sweep(store, runner, strategy="random", budget=3, seed=1)
+        bests = {canonical_json(pt.best.config) for pt in sw.run(problems)}  # before: cross moves them
+        searched = store.frame()
+        sw.cross()
+        rows = store.frame()
+        again = Sweep(store, runner, strategy="random", budget=3, seed=1)
+        again.plan(problems, runner.device)
+        again.run()
+        again.cross()
+        assert len(store.frame()) == len(rows)
+    had = set(zip(searched["tokens"], searched["config"], strict=True))
+    added = list(zip(rows["tokens"], rows["config"], strict=True))[len(searched):]
+    assert len(added) == len(set(added))
+    assert set(added) == {(t, b) for t in (1, 2, 4) for b in bests} - had

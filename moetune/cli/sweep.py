@@ -169,6 +169,10 @@ def sweep(
     full_space: Annotated[bool, typer.Option(help="also search the designs a kernel marks dominated on this "
                                                   "device (measured never to win there; see its spec)")
                           ] = False,
+    cross: Annotated[bool, typer.Option(help="afterwards, measure each point's best at every other point of "
+                                             "the same op and shape that lacks it (beyond --budget), so no "
+                                             "table entry is slower at its density than another's pick")
+                     ] = False,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
@@ -243,6 +247,8 @@ def sweep(
             runner.start()
             startup["workers ready"] = time.monotonic() - t_plan
             sw.run()
+            if cross and not sw.timed_out:
+                sw.cross()
         except KeyboardInterrupt:
             interrupted = True
         except RuntimeError as e:  # a worker that cannot start at all (broken install, no GPU memory)
