@@ -87,23 +87,25 @@ for st in "${stages[@]}"; do
       # 3072-route gate/up pick was never tried with W_TMA 1, which ran 12.5% faster at 2688 routes)
       # ($ROUTES: only these route counts)
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ${ROUTES:+--routes "$ROUTES"} ;;
-    cross)  # session 15: every pick of V4-Flash TP2's fp4 tables measured at every density of its table up to
-      # $MAX_ROUTES, so no entry is slower there than another entry's config (benchmarks/table_picks.py)
+    cross)  # session 15: every pick of one model's tables ($PICKS: model, TP, family; V4-Flash TP2 fp4 by
+      # default) measured at every density of its table up to $MAX_ROUTES, so no entry is slower there than
+      # another entry's config (benchmarks/table_picks.py)
+      read -r pm pt pf <<< "${PICKS:-deepseek-v4-flash 2 fp4_prefill}"
       for g in gate_up down; do
-        routes=$(python benchmarks/table_picks.py -k fp4_prefill.$g -m deepseek-v4-flash --tp 2 \
+        routes=$(python benchmarks/table_picks.py -k "$pf.$g" -m "$pm" --tp "$pt" \
           --starts "$OUT/picks_$g.json" --max-routes "${MAX_ROUTES:-24576}")
         n=$(python -c "import json, sys; print(len(json.load(open(sys.argv[1]))))" "$OUT/picks_$g.json")
         mt sweep --db "$DB" --budget $((n + 1)) ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" --quiet \
-          -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
-          --start "$OUT/picks_$g.json"
+          -m "$pm" --tp "$pt" -k "$pf.$g" --routes "$routes" --strategy coordinate --start "$OUT/picks_$g.json"
       done ;;
-    refine)  # session 15: the midpoints of the intervals where two neighbouring fp4 picks are different designs,
+    refine)  # session 15: the midpoints of the intervals where two neighbouring picks are different designs,
       # each slower at the other's density, by $CROSS's measurements (cross stores), swept from both picks
+      read -r pm pt pf <<< "${PICKS:-deepseek-v4-flash 2 fp4_prefill}"
       for g in gate_up down; do
-        routes=$(python benchmarks/table_picks.py -k fp4_prefill.$g -m deepseek-v4-flash --tp 2 \
+        routes=$(python benchmarks/table_picks.py -k "$pf.$g" -m "$pm" --tp "$pt" \
           --starts "$OUT/picks_$g.json" --max-routes "${MAX_ROUTES:-24576}" --boundaries ${CROSS:?set CROSS})
         [ -n "$routes" ] && mt sweep --db "$DB" --budget "$BUDGET" ${GPUS:+--gpus "$GPUS"} --time-limit "$LIMIT" \
-          --quiet -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
+          --quiet -m "$pm" --tp "$pt" -k "$pf.$g" --routes "$routes" --strategy coordinate \
           --start "$OUT/picks_$g.json"
       done ;;
     zipf)  # skewed routing for the fp4 prefill shapes
