@@ -1,6 +1,8 @@
 """What the FP4 prefill GEMM costs an sm_90 SM, per config, without a GPU: registers, shared memory,
 CTAs an SM holds (by each limit), and the SASS that matters (tensor-core, shared-memory, barrier and
-byte-permute instructions), compiled with the installed Triton's bundled ptxas.
+byte-permute instructions), compiled with the installed Triton's bundled ptxas; then the K loop's own
+instruction count (one trip of the longest backward branch) and its barriers, synchronous global loads
+and fp32 multiplies (the accumulator's rescale).
 
 Configs are fp4_prefill configs (JSON objects, as in the tables); missing keys take the default. The
 compile sees the launcher's specializations: 16-byte aligned pointers and strides, EVEN_K, the
@@ -37,6 +39,7 @@ SM90_REGS, SM90_SMEM, SM90_THREADS = 65536, 232448, 2048  # per SM; smem: the op
 _TYPES = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*u8", "w_scale_ptr": "*u8", "c_ptr": "*bf16",
           "lut_ptr": "*u32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
 _SHOWN = ("QGMMA", "HGMMA", "LDS", "LDSM", "STS", "BAR", "PRMT", "F2FP", "LDL", "STL")
+_LOOP_SHOWN = ("BAR", "LDG", "FFMA", "FMUL")  # per K-loop trip: the synchronous loads and the rescale
 
 
 def compile_config(config: dict, a_div: int, maxnreg: int | None = None) -> triton.compiler.CompiledKernel:
@@ -66,6 +69,17 @@ def compile_config(config: dict, a_div: int, maxnreg: int | None = None) -> trit
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def k_loop(sass: str) -> list[str]:
+    """The opcodes of the K loop: the instructions the longest backward branch spans."""
+    lines = [(int(m.group(1), 16), m.group(2)) for m in
+             re.finditer(r"/\*([0-9a-f]{4,})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);", sass)]
+    spans = [(addr - int(m.group(1), 16), int(m.group(1), 16), addr) for addr, text in lines
+             if (m := re.search(r"\bBRA (0x[0-9a-f]+)", text)) and int(m.group(1), 16) < addr]
+    _, start, end = max(spans)
+    return [re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for addr, text in lines
+            if start <= addr <= end]
+
+
 def resources(kernel: triton.compiler.CompiledKernel, warps: int) -> dict:
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,8 +95,11 @@ def resources(kernel: triton.compiler.CompiledKernel, warps: int) -> dict:
           "threads": SM90_THREADS // threads}
     opcodes = re.findall(r"\b([A-Z][A-Z0-9]*)(?:\.[A-Z0-9x_]+)* ", sass)
     ops = collections.Counter(op for op in opcodes if op in _SHOWN)
+    loop = k_loop(sass)
+    in_loop = collections.Counter(loop)
     return {"regs": regs, "smem": smem, "ctas_per_sm": min(by.values()), "limited_by": min(by, key=by.get),
-            **{op: ops.get(op, 0) for op in _SHOWN}}
+            **{op: ops.get(op, 0) for op in _SHOWN}, "loop": len(loop),
+            **{f"loop {op}": in_loop.get(op, 0) for op in _LOOP_SHOWN}}
 
 
 def main() -> None:
