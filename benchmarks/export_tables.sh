@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9, 10, 11, 12, 13, 14 and 15), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10, 11, 12, 13, 14, 15 and 16), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -39,6 +39,7 @@ fp8=(
   results/tuner_s14/full_space_run2.sqlite.gz
   $H/picker_direct_s14.sqlite.gz
   $H/picker_direct_s15.sqlite.gz
+  $H/fp8_decode_deepseek-v3_tp8_cross_s16.sqlite.gz
 )
 fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2.sqlite.gz

@@ -51,12 +51,10 @@ def compile_config(config: dict, a_div: int, maxnreg: int | None = None) -> trit
                  USE_ASM=fp4_gemm.UNPACKS[config["UNPACK"]] != 0, SWAP_AB=bool(config["SWAP_AB"]),
                  BLOCK_SIZE_M=config["BLOCK_SIZE_M"], BLOCK_SIZE_N=config["BLOCK_SIZE_N"],
                  BLOCK_SIZE_K=config["BLOCK_SIZE_K"], EVEN_K=True, F32_DOT=False, W_TMA=tma,
-                 SCALE_AHEAD=bool(config["SCALE_AHEAD"]), A_QUADS=bool(config["A_QUADS"]),
-                 K_STEPS=config["K_STEPS"])
+                 SCALE_AHEAD=bool(config["SCALE_AHEAD"]), A_QUADS=bool(config["A_QUADS"]))
     types = dict(_TYPES)
     if tma:
-        box = config["BLOCK_SIZE_K"] // 2 // config["K_STEPS"]  # the launcher's TMA box: one sub-step
-        types["w_ptr"] = f"tensordesc<u8[1,{config['BLOCK_SIZE_N']},{box}]>"
+        types["w_ptr"] = f"tensordesc<u8[1,{config['BLOCK_SIZE_N']},{config['BLOCK_SIZE_K'] // 2}]>"
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     descriptor = {"w_ptr"} if tma else set()
     aligned = [p for p in params if p not in const.keys() | descriptor

@@ -14,8 +14,6 @@ against the same config with the --probe switched on, and that with one pipeline
 - ``ahead`` (fp4 only): SCALE_AHEAD (each chunk's scales loaded a step early) and A_QUADS (``lut``'s
   activation halves loaded apart), each and both, both with the other num_warps, and a ``lut`` pick whose
   M tile exceeds its N tile swapped with the N tile widened to it (where A_QUADS applies).
-- ``ksteps`` (fp4 only): a ``lut`` pick that splits its activations run with 128-K chunks in two
-  sub-steps (K_STEPS 2, A_QUADS 1), with DECODE fp8 / fp8_row, SCALE_AHEAD off / on, and 4 stages.
 - ``lut`` (fp4 only): UNPACK lut (e4m3 bytes by prmt table lookup), with DECODE fp8 where the pick's
   decode is not fp8 or fp8_row; also at twice and half the pick's BLOCK_SIZE_N, with SWAP_AB flipped,
   and with the other num_warps (4 <-> 8).
@@ -53,14 +51,6 @@ def variants(table: dict, probe: str) -> dict[str, dict]:
             out[f"gemv_n{bn}_k{bk}_s{split}_w{warps}_p{stages}"] = {
                 **base, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": split, "num_warps": warps,
                 "GEMV_STAGES": stages}
-        return out
-    if probe == "ksteps":  # lut picks that split their activations: 128-K chunks in two sub-steps
-        if table["UNPACK"] != "lut" or table["BLOCK_SIZE_M"] > table["BLOCK_SIZE_N"]:
-            return out
-        base = {**table, "BLOCK_SIZE_K": 128, "A_QUADS": 1, "K_STEPS": 2}
-        for decode, sa in itertools.product(("fp8", "fp8_row"), (0, 1)):
-            out[f"ksteps_{decode}_sa{sa}"] = {**base, "DECODE": decode, "SCALE_AHEAD": sa}
-        out["ksteps_s4"] = {**base, "num_stages": 4}
         return out
     if probe == "ahead":
         quads = table["UNPACK"] == "lut" and table["BLOCK_SIZE_M"] <= table["BLOCK_SIZE_N"]
@@ -102,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--family", choices=["fp8_decode", "fp4_prefill"], default="fp8_decode")
-    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv", "ahead", "ksteps"], default="w_tma")
+    ap.add_argument("--probe", choices=["w_tma", "lut", "gemv", "ahead"], default="w_tma")
     ap.add_argument("--model", help="default: deepseek-v3 (fp8), deepseek-v4-flash (fp4)")
     ap.add_argument("--tp", type=int, help="default: 8 (fp8), 2 (fp4)")
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 4, 16, 64], help="fp8 densities")
@@ -113,7 +103,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fp8 = args.family == "fp8_decode"
-    if fp8 == (args.probe in ("lut", "ahead", "ksteps")):
+    if fp8 == (args.probe in ("lut", "ahead")):
         ap.error(f"--probe {args.probe} is not a {args.family} switch")
     model = get_model(args.model or ("deepseek-v3" if fp8 else "deepseek-v4-flash"))
     tp = args.tp or (8 if fp8 else 2)

@@ -62,9 +62,6 @@ def _cfg(bm, bn, bk, decode="fp8_scaled", unpack="join", **kw):
     (_cfg(64, 32, 64, "fp8_row", "lut", SCALE_AHEAD=1), _cfg(16, 64, 128, "bf16", "halves", SCALE_AHEAD=1)),
     (_cfg(32, 128, 64, "f16", "asm16", SWAP_AB=1, SCALE_AHEAD=1),
      _cfg(16, 32, 64, "fp8", "lut", SWAP_AB=1, A_QUADS=1)),
-    # K_STEPS 2: each 128-K chunk decoded and dotted in halves, one rescale (K tail of 32 in gate/up)
-    (_cfg(16, 64, 128, "fp8", "lut", SWAP_AB=1, A_QUADS=1, K_STEPS=2, W_TMA=1),
-     _cfg(32, 64, 128, "fp8_row", "lut", SWAP_AB=1, A_QUADS=1, K_STEPS=2, SCALE_AHEAD=1)),
 ])
 def test_tiles_and_decodes_match_reference(gate_up, down, device):
     args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)
@@ -219,8 +216,6 @@ def test_bad_inputs_name_the_argument():
     ({"down": {"SCALE_AHEAD": 1, "DECODE": "fp8_scaled"}}, "SCALE_AHEAD"),
     ({"down": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "halves", "BLOCK_SIZE_K": 64}}, "A_QUADS"),
     ({"gate_up": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "lut", "BLOCK_SIZE_M": 128}}, "A_QUADS"),
-    ({"gate_up": {"K_STEPS": 3}}, "K_STEPS"),
-    ({"down": {"K_STEPS": 2, "DECODE": "fp8", "UNPACK": "lut", "A_QUADS": 1, "BLOCK_SIZE_K": 64}}, "K_STEPS"),
     ({"middle": {}}, "middle"),
     ([1, 2], "config"),
 ])

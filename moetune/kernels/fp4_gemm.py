@@ -68,12 +68,6 @@ load's latency before it can decode.
 they are used, columns k0-3 and k4-7 of every eight (4-byte runs, which the pipeline copies into
 shared memory asynchronously), instead of loaded whole and split in registers, which sends them
 through registers back to shared memory for the tensor cores every step.
-
-``K_STEPS`` 2 (``lut`` with ``A_QUADS``, BLOCK_SIZE_K >= 128): each chunk is loaded, decoded and dotted
-in two halves into one accumulator, so the decoded registers are a half chunk's while the fp32 rescale
-of the accumulator (a fifth of the loop at BLOCK_SIZE_K 64) runs once a chunk. Offline sm_90 SASS of the
-6144-route tile per 128 K: 1095 instructions and 6 barriers with ``fp8_row`` against 1256 and 32 at
-BLOCK_SIZE_K 64 (session 15); not yet timed on a GPU, so not in the searched space.
 """
 
 from __future__ import annotations
@@ -354,7 +348,7 @@ def fp4_moe_gemm_kernel(
     USE_ASM: tl.constexpr, SWAP_AB: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M, EVEN_K: tl.constexpr, F32_DOT: tl.constexpr, W_TMA: tl.constexpr,
-    SCALE_AHEAD: tl.constexpr, A_QUADS: tl.constexpr, K_STEPS: tl.constexpr,
+    SCALE_AHEAD: tl.constexpr, A_QUADS: tl.constexpr,
 ):
     G: tl.constexpr = BLOCK_SIZE_K // 32
     pid = tl.program_id(0)
@@ -434,7 +428,7 @@ def fp4_moe_gemm_kernel(
                 if not SCALE_AHEAD:
                     s = tl.load(ws_rows[:, None] + offs_g[None, :], mask=n_ok[:, None],
                                 other=127).to(tl.int32)
-                if not W_TMA and K_STEPS == 1:
+                if not W_TMA:
                     packed = tl.load(w_rows + offs_b[None, :], mask=n_ok[:, None], other=0)
             else:
                 k_ok = offs_k < K
@@ -443,46 +437,13 @@ def fp4_moe_gemm_kernel(
                 if not SCALE_AHEAD:
                     s = tl.load(ws_rows[:, None] + offs_g[None, :],
                                 mask=n_ok[:, None] & (offs_g < K // 32)[None, :], other=127).to(tl.int32)
-                if not W_TMA and K_STEPS == 1:
+                if not W_TMA:
                     packed = tl.load(w_rows + offs_b[None, :],
                                      mask=n_ok[:, None] & (offs_b < K // 2)[None, :], other=0)
-            if K_STEPS > 1:  # lut, activations loaded as quads: the chunk in two sub-steps, one rescale
-                SUB: tl.constexpr = BLOCK_SIZE_K // 2
-                GS: tl.constexpr = G // 2
-                if DECODE == 4:
-                    smax = rmax
-                else:
-                    smax = tl.max(s, axis=1)
-                s_lo, s_hi = tl.split(tl.permute(tl.reshape(s, (BLOCK_SIZE_N, 2, GS)), (0, 2, 1)))
-                part = tl.zeros_like(acc)
-                for j in tl.static_range(2):
-                    kj = k0 + j * SUB
-                    if W_TMA:
-                        packed = w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_SIZE_N, kj // 2]).reshape(
-                            BLOCK_SIZE_N, SUB // 2)
-                    else:
-                        offs_bj = kj // 2 + tl.arange(0, SUB // 2)
-                        packed = tl.load(w_rows + offs_bj[None, :],
-                                         mask=n_ok[:, None] & (offs_bj < K // 2)[None, :], other=0)
-                    if j == 0:
-                        sj = s_lo
-                    else:
-                        sj = s_hi
-                    d = tl.minimum(smax[:, None] - sj, LUT_MAX_D)
-                    b, b2 = _lut_quads(packed, d, lut_ptr, BLOCK_SIZE_N, GS, USE_ASM)
-                    q = tl.arange(0, SUB // 2)
-                    offs_q = kj + (q // 4) * 8 + q % 4
-                    a1 = tl.load(a_rows + offs_q[None, :], mask=row_ok[:, None] & (offs_q < K)[None, :],
-                                 other=0.0)
-                    a2 = tl.load(a_rows + (offs_q + 4)[None, :],
-                                 mask=row_ok[:, None] & (offs_q + 4 < K)[None, :], other=0.0)
-                    part = _mm(a2, b2, _mm(a1, b, part, SWAP_AB), SWAP_AB)
-            elif W_TMA:  # one TMA copy; zeros past N and K (code 0 is +0)
+            if W_TMA:  # one TMA copy; zeros past N and K (code 0 is +0)
                 packed = w_ptr.load([expert.to(tl.int32), pid_n * BLOCK_SIZE_N, k0 // 2]).reshape(
                     BLOCK_SIZE_N, BLOCK_SIZE_K // 2)
-            if K_STEPS > 1:
-                pass  # part is made above
-            elif UNPACK == 4:  # re-based e4m3 bytes straight from the table, two dots of K / 2
+            if UNPACK == 4:  # re-based e4m3 bytes straight from the table, two dots of K / 2
                 if DECODE == 4:
                     smax = rmax
                 else:
@@ -584,14 +545,13 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     interp = interpreter_active()
     grid = (blocks * triton.cdiv(n, config["BLOCK_SIZE_N"]),)
     w_tma = bool(config.get("W_TMA", 0))
-    k_steps = config.get("K_STEPS", 1)
     w_strides = w.stride()[:2]
     if w_tma:
         if w.stride(2) != 1 or any(st % 16 for st in w.stride()[:2]) or w.data_ptr() % 16:
             raise ValueError(f"config W_TMA 1 needs packed weights with unit stride along K and 16-byte "
                              f"aligned strides and base, got strides {w.stride()}")
         w = TensorDescriptor(w, list(w.shape), list(w.stride()), [1, config["BLOCK_SIZE_N"],
-                                                                  config["BLOCK_SIZE_K"] // 2 // k_steps])
+                                                                  config["BLOCK_SIZE_K"] // 2])
     fp4_moe_gemm_kernel[grid](
         a, a_scale, w, w_scale, out, e4m3_pools(out.device),
         align.sorted_ids, align.expert_ids, align.num_padded,
@@ -604,6 +564,5 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=config["BLOCK_SIZE_N"], BLOCK_SIZE_K=config["BLOCK_SIZE_K"],
         GROUP_SIZE_M=config["GROUP_SIZE_M"], EVEN_K=k % config["BLOCK_SIZE_K"] == 0, F32_DOT=interp,
         W_TMA=w_tma, SCALE_AHEAD=bool(config.get("SCALE_AHEAD", 0)), A_QUADS=bool(config.get("A_QUADS", 0)),
-        K_STEPS=k_steps,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )

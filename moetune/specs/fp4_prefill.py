@@ -37,7 +37,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
-    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "K_STEPS": 1,
+    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -92,10 +92,6 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError(f"config A_QUADS 1 loads the activation halves UNPACK 'lut' splits, with "
                          f"BLOCK_SIZE_M <= BLOCK_SIZE_N; got UNPACK {cfg['UNPACK']!r}, BLOCK_SIZE_M "
                          f"{cfg['BLOCK_SIZE_M']}, BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']}")
-    if cfg["K_STEPS"] not in (1, 2) or isinstance(cfg["K_STEPS"], bool):
-        raise ValueError(f"config K_STEPS must be 1 or 2, got {cfg['K_STEPS']!r}")
-    if cfg["K_STEPS"] == 2 and not (cfg["UNPACK"] == "lut" and cfg["A_QUADS"] and cfg["BLOCK_SIZE_K"] >= 128):
-        raise ValueError("config K_STEPS 2 runs UNPACK 'lut' with A_QUADS 1 and BLOCK_SIZE_K >= 128")
     if cfg["W_TMA"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config W_TMA 1 needs a whole-tile decode: DECODE 'fp8_scaled' loads 32-K slices")
     if cfg["UNPACK"] in ("halves", "lut") and cfg["BLOCK_SIZE_K"] < 64:
