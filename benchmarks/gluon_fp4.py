@@ -148,6 +148,7 @@ def _chunk(
     s_next,
     p_far,
     s_far,
+    xs,
     never,
     MMA: gl.constexpr,
     A_OP: gl.constexpr,
@@ -179,13 +180,13 @@ def _chunk(
     p_next, s_next = p_far, s_far
     p_far = gl.load(w_rows + k3 * (BLOCK_K // 8))
     s_far = gl.load(ws_rows + k3 * (BLOCK_K // 32)).to(gl.int32)
-    xs = gl.load(as_rows + k, mask=row_ok_m, other=0.0)
+    xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)  # a chunk ahead
 
     # a_next among the wait's operands: the decode stays ahead of the wait (else ptxas sinks it below)
     part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
     _keep_alive(a_op, never)
     acc += part * xs[None, :]
-    return acc, a_next, p_next, s_next, p_far, s_far
+    return acc, a_next, p_next, s_next, p_far, s_far, xs_next
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
@@ -290,13 +291,14 @@ def fp4_wgmma_kernel(
     s_next = gl.load(ws_rows + BLOCK_K // 32).to(gl.int32)
     p_far = gl.load(w_rows + 2 * (BLOCK_K // 8))
     s_far = gl.load(ws_rows + 2 * (BLOCK_K // 32)).to(gl.int32)
+    xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
     never = (gl.full([BN, BLOCK_K], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0
     acc = gl.zeros([BN, BM], gl.float32, MMA)
 
     # two chunks a trip: the decode of chunk k + 1 must not write the registers wgmma k still reads
     for k0 in range(0, num_k, 2):
         for u in gl.static_range(2):
-            acc, a_cur, p_next, s_next, p_far, s_far = _chunk(
+            acc, a_cur, p_next, s_next, p_far, s_far, xs = _chunk(
                 k0 + u,
                 num_k,
                 x_ring,
@@ -314,6 +316,7 @@ def fp4_wgmma_kernel(
                 s_next,
                 p_far,
                 s_far,
+                xs,
                 never,
                 MMA,
                 A_OP,
