@@ -44,7 +44,12 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
         ids = align.sorted_ids
         src = torch.where(ids < align.routes, ids // a_div, torch.zeros_like(ids))
         a, a_scale = gather_rows_with_scales(a, a_scale, src)
-    fp4_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
+    if config.get("IMPL", "triton") == "gluon":
+        from . import fp4_wgmma  # Gluon: imported when used, it has no interpreter
+
+        fp4_wgmma.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
+    else:
+        fp4_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
 
 
 def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], dim: int) -> torch.Tensor:

@@ -32,12 +32,16 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "W_TMA": (0, 1),
     "SCALE_AHEAD": (0, 1),
     "A_QUADS": (0, 1),
+    "IMPL": ("triton", "gluon"),
 }
+# What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
+GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "SWAP_AB": 1, "BLOCK_SIZE_K": 128,
+                               "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
-    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0,
+    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton",
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -100,6 +104,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if cfg["UNPACK"] == "lut" and cfg["DECODE"] not in ("fp8", "fp8_row"):
         raise ValueError(f"config UNPACK 'lut' looks up re-based e4m3 bytes: DECODE must be 'fp8' or "
                          f"'fp8_row', got {cfg['DECODE']!r}")
+    if cfg["IMPL"] == "gluon":
+        for key, value in GLUON_FIXED.items():
+            if cfg[key] != value:
+                raise ValueError(f"config IMPL 'gluon' runs {key} {value!r} only, got {cfg[key]!r}")
     if cfg["DECODE"] != "bf16" and cfg["BLOCK_SIZE_K"] > 128:
         raise ValueError(f"config BLOCK_SIZE_K must be <= 128 with DECODE {cfg['DECODE']!r} "
                          f"(one activation scale per chunk), got {cfg['BLOCK_SIZE_K']}")
@@ -123,6 +131,8 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     - or the epilogue's layout change of the fp32 accumulator, min(4*BM*BN, 64 KiB), if larger.
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
+    if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
+        return (st + 1) * (bm * bk + bn * bk // 2) + 4096
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
@@ -194,6 +204,18 @@ _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
         (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.56 ms at 192
     ),
 }
+
+
+def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: DeviceInfo) -> str | None:
+    """What IMPL "gluon" needs beyond the config check: sm_90, whole 256-K trips, whole N tiles, and 16 rows
+    of the N tile a warp (here, so that the config check stays tile-independent)."""
+    if device.arch != "sm_90":
+        return f"IMPL gluon is written for sm_90 (wgmma), not {device.arch}"
+    if shape["K"] % 256 or shape["N"] % cfg["BLOCK_SIZE_N"]:
+        return f"IMPL gluon needs K % 256 == 0 and N % BLOCK_SIZE_N == 0, got K {shape['K']}, N {shape['N']}"
+    if cfg["BLOCK_SIZE_N"] % (16 * cfg["num_warps"]):
+        return f"IMPL gluon gives each warp 16 of BLOCK_SIZE_N's rows: BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']}"
+    return None
 
 
 def _hopper_pick(gemm: str, density: float) -> dict[str, Any]:
@@ -299,6 +321,8 @@ class Fp4PrefillSpec(KernelSpec):
             return f"BLOCK_SIZE_M {cfg['BLOCK_SIZE_M']} is far above {problem.density:.3g} rows per expert"
         if smem > device.max_shared_mem:
             return f"needs ~{smem} bytes of shared memory, device allows {device.max_shared_mem}"
+        if cfg["IMPL"] == "gluon":
+            return _gluon_constraint(cfg, shape, device)
         return None
 
     def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:

@@ -1,0 +1,290 @@
+"""The FP4 grouped GEMM written in Gluon for sm_90 (``IMPL "gluon"``): the decode of K chunk k+1 runs while
+the tensor cores multiply chunk k.
+
+Same numbers as ``fp4_gemm`` with ``DECODE fp8_row``, ``UNPACK lut``, ``SWAP_AB`` and 128-K chunks: weights
+re-based on their row's largest scale (exact while a row's scales differ by at most 9), one fp8 wgmma per
+chunk into a fresh accumulator, ``acc += part * x_scale`` per chunk, the row factor ``2^(rmax - 128)`` at
+the end. ``tl.dot`` waits for every wgmma whose operand the loop made in registers before the next step
+starts (``pendings = 0`` in every fp4 config's TTGIR); here the wgmma is issued async and waited for after
+the next chunk's decode.
+
+K order. The wgmma A fragment (the decoded weights, registers) gives lane ``q = lane % 4`` the K runs
+``4q..4q+3`` and ``16+4q..16+4q+3`` of every 32. The order inside a 128-K chunk is free if the activations
+follow it, so thread q takes the whole 32-K scale group q of each of its rows: logical ``32b + 16h + 4q + i``
+is real ``32q + 8b + 4h + i``. A thread loads its group's 16 packed bytes as one vector, makes the group's
+e4m3 pool once and turns each 4-byte word (b) into the two registers (h) the wgmma reads, with no data
+movement between threads (``assert_trivial`` checks it). The activations go in that order
+(:func:`permute_k`); their 128-K scales do not move.
+
+Pipelining is by hand (Gluon pipelines nothing): the packed weights and the activation tile of chunk
+``k + num_stages`` are copied (cp.async) into a ring of ``num_stages + 1`` slots while chunk k multiplies;
+two chunks a loop trip, so the decode of chunk k+1 never writes registers the in-flight wgmma reads.
+
+GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
+results/fp4_prefill.md, session 16.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy as cp,
+)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from ..device import interpreter_active
+from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
+
+# cp.async global -> shared: async_copy_global_to_shared in Triton 3.6, async_load in later versions
+_async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+CHUNK = gl.constexpr(128)  # K per wgmma: one activation scale group
+# The lut PTX for one packed word per call ($2; pools $3, $4) -> the e4m3 words of k0-3 ($0) and k4-7 ($1).
+_LUT_WORD_ASM = gl.constexpr(_E2M1_TO_E4M3_LUT_ASM.value.replace("$7", "$4"))
+
+
+@gluon.constexpr_function
+def split_layout(a_lin):
+    """The A operand's [BN, 128] layout as [BN, 4(q), 4(b), 2(h), 4(i)] (logical K = 32b + 16h + 4q + i); its
+    slices hold the packed words [BN, q, b] and the lut's output words [BN, q, b, h]. ``a_lin``: the A
+    operand as a linear layout. Registers: a word's bytes, then the word index b, so a thread's four words
+    of a (row, group) are consecutive registers (one 16-byte copy); the A operand differs only in register
+    order."""
+    k_to = {1: [0, 0, 0, 0, 1], 2: [0, 0, 0, 0, 2], 4: [0, 1, 0, 0, 0], 8: [0, 2, 0, 0, 0],
+            16: [0, 0, 0, 1, 0], 32: [0, 0, 1, 0, 0], 64: [0, 0, 2, 0, 0]}
+
+    def remap(bases):
+        return [[n, 0, 0, 0, 0] if k == 0 else k_to[k] for n, k in bases]
+
+    reg = remap(a_lin.reg_bases)
+    reg = [b for b in reg if b[4]] + [b for b in reg if b[2]] + [b for b in reg if not (b[4] or b[2])]
+    return gl.DistributedLinearLayout(reg, remap(a_lin.lane_bases), remap(a_lin.warp_bases),
+                                      remap(a_lin.block_bases), [a_lin.shape[0], 4, 4, 2, 4])
+
+
+@gluon.jit
+def _keep_alive(a, never):
+    """A use of the A operand's registers after its wgmma's wait (a shared store predicated on a runtime 0):
+    fp8 tensors cannot be wait deps ("Unexpected bitwidth in WGMMAWaitGroupOp: 8"), and without a later use
+    ptxas reuses those registers for the next decode and moves the wait above it."""
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $8, 0; @p st.shared.v4.b32 [$8], {$4, $5, $6, $7}; "
+        "mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; }",
+        "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [a.to(gl.uint8, bitcast=True), never], dtype=gl.uint8, is_pure=False,
+        pack=16)
+
+
+@gluon.jit
+def _decode(words, s, rmax, L5: gl.constexpr, BN: gl.constexpr):
+    """Packed words [BN, 4(q), 4(b)] (real K order), their group scales s [BN, 4] and the row's largest
+    scale rmax [BN, 1] -> the re-based e4m3 words [BN, q, b, h] (4 weights each). Words cross the loop, not
+    bytes: a carried byte tensor is repacked every trip."""
+    d = gl.minimum(rmax - s, 15)
+    lo, hi = gl.inline_asm_elementwise(_E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(gl.int32, gl.int32),
+                                       is_pure=True, pack=1)
+    lo = gl.expand_dims(lo, 2).broadcast_to([BN, 4, 4])
+    hi = gl.expand_dims(hi, 2).broadcast_to([BN, 4, 4])
+    first, second = gl.inline_asm_elementwise(_LUT_WORD_ASM, "=r,=r,r,r,r", [words, lo, hi],
+                                              dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+    return gl.convert_layout(gl.join(first, second), gl.SliceLayout(4, L5), assert_trivial=True)
+
+
+@gluon.jit
+def _operand(w, A_OP: gl.constexpr, BN: gl.constexpr):
+    """Words [BN, q, b, h] -> the fp8 A operand [BN, 128] in logical K order (the asm renames registers)."""
+    w = gl.expand_dims(w, 4).broadcast_to([BN, 4, 4, 2, 4])
+    b = gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [w], dtype=gl.uint8, is_pure=True, pack=4)
+    b = b.permute((0, 2, 3, 1, 4)).reshape([BN, 128])
+    return gl.convert_layout(b.to(gl.float8e4nv, bitcast=True), A_OP, assert_trivial=True)
+
+
+@gluon.jit
+def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m, rmax, acc,
+           a_cur, s_next, s_far, xs, never, MMA: gl.constexpr, A_OP: gl.constexpr, L5: gl.constexpr,
+           P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, RING: gl.constexpr):
+    """Chunk k: its wgmma issued async; under it, the copies of chunk k + RING - 1, the decode of chunk
+    k + 1 and the scale loads of chunk k + 3; then the wait and the rescale by the chunk's activation
+    scales."""
+    cp.wait_group(RING - 2)
+    fence_async_shared()
+    a_op = _operand(a_cur, A_OP, BN)
+    part = warpgroup_mma(a_op, x_ring.index(k % RING).permute((1, 0)), gl.zeros([BN, BM], gl.float32, MMA),
+                         use_acc=False, is_async=True)
+
+    kn = gl.minimum(k + RING - 1, num_k - 1)  # past the end: the last chunk again, never used
+    _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                mask=row_ok_x[:, None])
+    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+    cp.commit_group()
+    cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
+    a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
+    s_next = s_far
+    s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+    xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
+
+    # a_next among the wait's operands keeps the decode ahead of the wait (ptxas would sink it below)
+    part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
+    _keep_alive(a_op, never)
+    acc += part * xs[None, :]
+    return acc, a_next, s_next, s_far, xs_next
+
+
+# num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
+@gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
+def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                     num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
+                     stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                     GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                     RING: gl.constexpr, num_warps: gl.constexpr):
+    """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % BLOCK_SIZE_N == 0, K % 256 == 0."""
+    BM: gl.constexpr = BLOCK_SIZE_M
+    BN: gl.constexpr = BLOCK_SIZE_N
+    pid = gl.program_id(0)
+    num_pid_n = N // BN
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    if pid_m * BM >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BM, 32])
+    A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+    L5: gl.constexpr = split_layout(gl.to_linear_layout(A_OP, [BN, CHUNK]))
+    P_W: gl.constexpr = gl.SliceLayout(3, gl.SliceLayout(4, L5))  # packed words [BN, q, b]
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)  # group scales [BN, q]
+    X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
+
+    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
+    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
+    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
+    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
+              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
+    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
+    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
+               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+
+    # the M-block's activation rows (cp.async, 16 bytes a thread) and their scales (accumulator columns)
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(0, MMA))
+    route_m = gl.load(sorted_ids_ptr + slot_m)
+    row_ok_m = route_m < routes
+    if GATHERED:  # rows copied into slot order beforehand
+        a_row_x = slot_x.to(gl.int64)
+        a_row_m = slot_m.to(gl.int64)
+    else:
+        a_row_x = gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)
+        a_row_m = gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64)
+    x_rows = a_ptr + a_row_x[:, None] * stride_am
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+    as_rows = a_scale_ptr + a_row_m * stride_asm
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
+    for i in gl.static_range(RING - 1):
+        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
+        cp.commit_group()
+
+    # the largest scale of each weight row, eight loads in flight at a time
+    num_k = K // CHUNK
+    smax = gl.zeros([BN, 4], gl.int32, S2)
+    for k0 in range(0, num_k, 8):
+        for u in gl.static_range(8):
+            s = gl.load(ws_rows + gl.minimum(k0 + u, num_k - 1) * (CHUNK // 32))
+            smax = gl.maximum(smax, s.to(gl.int32))
+    rmax = gl.expand_dims(gl.max(smax, axis=1), 1)
+
+    cp.wait_group(RING - 2)
+    a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
+    s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+    s_far = gl.load(ws_rows + 2 * (CHUNK // 32)).to(gl.int32)
+    xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
+    never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
+    acc = gl.zeros([BN, BM], gl.float32, MMA)
+    for k0 in range(0, num_k, 2):
+        for u in gl.static_range(2):
+            acc, a_cur, s_next, s_far, xs = _chunk(
+                k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m,
+                rmax, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP, L5, P_W, BN, BM, RING)
+    cp.wait_group(0)
+
+    wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(1, MMA)) - 1) << 23  # 2^(rmax - 128)
+    n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, MMA))
+    c_ptrs = c_ptr + route_m.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
+    out = acc * wf.to(gl.float32, bitcast=True)[:, None]
+    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok_m[None, :])
+
+
+def permute_k(a: torch.Tensor) -> torch.Tensor:
+    """Activations [rows, K] (K % 128 == 0) in the kernel's K order: inside each 128-K chunk, position
+    ``32b + 16h + 4q + i`` holds real ``32q + 8b + 4h + i``."""
+    rows, k = a.shape
+    v = a.view(torch.uint8).reshape(rows, k // 128, 4, 4, 2, 4)  # [rows, chunk, q, b, h, i]
+    return v.permute(0, 1, 3, 4, 2, 5).reshape(rows, k).contiguous().view(a.dtype)
+
+
+def _maxnreg(config) -> dict:
+    """Registers capped at 168 for the small tiles: three CTAs an SM instead of two, 12% faster at 6144
+    routes on the H200 (results/fp4_prefill.md, session 16); larger tiles would spill."""
+    return {"maxnreg": 168} if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] <= 32 * 64 else {}
+
+
+def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
+    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations), for
+    resource reports and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    params = list(inspect.signature(fp4_wgmma_kernel.fn).parameters)
+    const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
+                 BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
+                 num_warps=config["num_warps"])
+    types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
+             "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
+    sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
+    aligned = [p for p in params if p not in const
+               and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
+    src = GluonASTSource(fp4_wgmma_kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()},
+                         attrs={(params.index(k),): [["tt.divisibility", 16]] for k in aligned})
+    options = {"num_warps": config["num_warps"], **_maxnreg(config)}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config) -> None:
+    """As ``fp4_gemm.launch``, for a config with IMPL "gluon" (``a`` in real K order: permuted here)."""
+    if interpreter_active() or not a.is_cuda:
+        raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
+    bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
+    if align.block_m != bm:
+        raise ValueError(f"alignment was made for BLOCK_SIZE_M {align.block_m}, config has {bm}")
+    n, k = w.shape[1], a.shape[1]
+    if k % 256 or n % bn:
+        raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
+                         f"got K {k}, N {n}")
+    if w.stride(2) != 1 or any(s % 4 for s in w.stride()[:2]) or w.data_ptr() % 16:
+        raise ValueError(f"config IMPL 'gluon' reads the packed weights as 16-byte words: unit stride along "
+                         f"K, strides a multiple of 4 and a 16-byte aligned base, got strides {w.stride()}")
+    a = permute_k(a)
+    words = w.view(torch.int32)
+    fp4_wgmma_kernel[(align.max_blocks * (n // bn),)](
+        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
+        align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], A_DIV=a_div,
+        GATHERED=gathered, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, RING=config["num_stages"] + 1,
+        num_warps=config["num_warps"], **_maxnreg(config))

@@ -1,0 +1,137 @@
+"""IMPL "gluon": the Gluon FP4 GEMM for sm_90 (moetune/kernels/fp4_wgmma.py).
+
+Gluon has no interpreter, so on the CPU: the activation K order, the config and problem constraints, the
+refusal to launch off a GPU, and an offline sm_90 compile of the kernel with the installed Triton (its
+wgmma async, the operand layouts trivially converted). The numbers themselves are checked on a GPU
+(``gpu`` tests, MOETUNE_TEST_GPU=1 on an H200)."""
+
+import pytest
+import torch
+
+from moetune.device import INTERPRETER, DeviceInfo
+from moetune.specs.fp4_prefill import GLUON_FIXED, normalize_config
+
+GLUON = {"IMPL": "gluon", **GLUON_FIXED, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4,
+         "num_stages": 3, "GROUP_SIZE_M": 8}
+H200 = DeviceInfo(name="NVIDIA H200", arch="sm_90", sm_count=132, max_shared_mem=232448, l2_bytes=60 << 20,
+                  is_gpu=True)
+
+
+def test_permute_k_puts_each_thread_group_in_the_wgmma_k_order():
+    from moetune.kernels.fp4_wgmma import permute_k
+
+    a = torch.arange(3 * 256, dtype=torch.int32).remainder(251).to(torch.uint8).reshape(3, 256)
+    out = permute_k(a.view(torch.float8_e4m3fn)).view(torch.uint8)
+    for chunk in range(2):
+        for b in range(4):
+            for h in range(2):
+                for q in range(4):
+                    for i in range(4):
+                        logical = chunk * 128 + 32 * b + 16 * h + 4 * q + i
+                        real = chunk * 128 + 32 * q + 8 * b + 4 * h + i
+                        assert torch.equal(out[:, logical], a[:, real])
+    assert sorted(out[0].tolist()) == sorted(a[0].tolist())
+
+
+@pytest.mark.parametrize("key, value", [("DECODE", "fp8"), ("UNPACK", "halves"), ("SWAP_AB", 0),
+                                        ("BLOCK_SIZE_K", 64), ("W_TMA", 1), ("SCALE_AHEAD", 1)])
+def test_gluon_config_runs_one_design_only(key, value):
+    with pytest.raises(ValueError, match=key):
+        normalize_config({**GLUON, key: value})
+
+
+def test_gluon_config_values_are_checked():
+    assert normalize_config(GLUON)["IMPL"] == "gluon"
+    with pytest.raises(ValueError, match="IMPL"):
+        normalize_config({**GLUON, "IMPL": "cuda"})
+
+
+def _problem(n=2048, k=4096, routes=6144):
+    from moetune.spec import Problem, get_spec
+
+    spec = get_spec("fp4_prefill.gate_up")
+    return spec, Problem("fp4_prefill.gate_up", {"E": 256, "N": n, "K": k, "top_k": 6}, routes // 6, routes)
+
+
+def test_gluon_constraint_needs_sm90_and_whole_tiles():
+    spec, problem = _problem()
+    assert spec.constraint(GLUON, problem, H200) is None
+    assert "sm_90" in spec.constraint(GLUON, problem, INTERPRETER)
+    assert "K % 256" in spec.constraint(GLUON, _problem(k=4096 + 128)[1], H200)
+    assert "N % BLOCK_SIZE_N" in spec.constraint(GLUON, _problem(n=2048 + 32)[1], H200)
+    assert "16 of" in spec.constraint({**GLUON, "num_warps": 8}, problem, H200)
+
+
+def test_gluon_configs_are_candidates_once_per_tile():
+    from moetune.spec import get_spec
+
+    spec = get_spec("fp4_prefill.gate_up")
+    gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
+    assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
+    tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
+              c["A_LAYOUT"]) for c in gluon}
+    assert len(tiles) == len(gluon)
+
+
+def test_gluon_refuses_the_interpreter_before_any_launch():
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe
+
+    g = torch.Generator().manual_seed(0)
+    from moetune.quant import quantize_mxfp4
+
+    x = torch.randn(4, 256, generator=g).to(torch.bfloat16)
+    w13 = quantize_mxfp4(torch.randn(2, 128, 256, generator=g) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(2, 256, 64, generator=g) * 0.05)
+    ids = torch.tensor([[0, 1]] * 4, dtype=torch.int32)
+    wts = torch.full((4, 2), 0.5)
+    with pytest.raises(ValueError, match="sm_90 CUDA GPU"):
+        fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": GLUON, "down": GLUON})
+
+
+def test_kernel_compiles_for_sm90_with_the_wgmma_async():
+    """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
+    interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
+    convert without data movement (assert_trivial inside the kernel)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from moetune.kernels.fp4_wgmma import compile_for_sm90\n"
+        "k = compile_for_sm90(json.loads(sys.argv[1]))\n"
+        "print(json.dumps({'async': 'isAsync = true' in k.asm['ttgir'], "
+        "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(GLUON)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["async"] and got["wgmma"]
+    assert got["shared"] >= 4 * (32 * 128 + 64 * 64)  # rings of 4 activation and packed-weight chunks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm, bn, stages, layout", [(16, 64, 3, "indexed"), (32, 64, 2, "gathered"),
+                                                    (64, 64, 3, "indexed")])
+def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout):
+    """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
+    routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.quant import quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(5)
+    m, h, i, e = 40, 512, 256, 8
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
+    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
+    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    cfg = {**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages}
+    config = {"gate_up": {**cfg, "A_LAYOUT": layout}, "down": cfg}
+    out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
+    ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
