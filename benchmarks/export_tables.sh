@@ -72,6 +72,7 @@ fp4=(
   $H/picker_direct3_s15.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_refine2_s16.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_gluon_s16.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s16.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
