@@ -4,7 +4,8 @@ byte-permute instructions), compiled with the installed Triton's bundled ptxas; 
 instruction count (one trip of the longest backward branch) and its barriers, synchronous global loads
 and fp32 multiplies (the accumulator's rescale).
 
-Configs are fp4_prefill configs (JSON objects, as in the tables); missing keys take the default. The
+Configs are fp4_prefill configs (JSON objects, as in the tables); missing keys take the default. IMPL "gluon"
+configs compile the Gluon kernel (moetune/kernels/fp4_wgmma.py) as its launcher does. The
 compile sees the launcher's specializations: 16-byte aligned pointers and strides, EVEN_K, the
 interpreter off. Run it with the Triton the GPU runs (3.6) first on the path, from the repo root:
 
@@ -111,6 +112,12 @@ def main() -> None:
     rows = []
     for text in args.configs:
         config = normalize_config({**DEFAULT, **json.loads(text)}, args.gemm)
+        if config["IMPL"] == "gluon":  # the Gluon kernel, with the launcher's register cap
+            from moetune.kernels.fp4_wgmma import compile_for_sm90
+
+            kernel = compile_for_sm90(config, a_div=args.top_k if args.gemm == "gate_up" else 1)
+            rows.append({"config": text, "maxnreg": "launcher", **resources(kernel, config["num_warps"])})
+            continue
         for cap in args.maxnreg:
             kernel = compile_config(config, args.top_k if args.gemm == "gate_up" else 1, cap)
             rows.append({"config": text, "maxnreg": cap or "-", **resources(kernel, config["num_warps"])})

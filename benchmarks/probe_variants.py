@@ -43,6 +43,8 @@ from moetune.spec import canonical_json, get_spec
 
 def variants(table: dict, probe: str) -> dict[str, dict]:
     out = {"table": dict(table)}
+    if table.get("IMPL") == "gluon":  # the switches probed here are the Triton kernel's
+        return out
     if probe == "gemv":  # one launch, no tensor cores: the route GEMV over its streaming knobs
         base = {**table, "ALGO": "route", "A_FP8": 0, "W_TMA": 0, "SWAP_AB": 0, "FUSE": 0, "PREFETCH": 0,
                 "num_stages": 1}
