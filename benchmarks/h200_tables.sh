@@ -7,7 +7,8 @@
 # Stages (default: fp8 fp4 gather export bench direct picker pack; `more` sweeps the rest of the model list,
 # `active` its active fractions 1/2 and 1/4, `splits` re-sweeps the other fp8 models at 1-16 tokens
 # (session 12's split timing), `zipf` skewed routing for fp4, `polish` coordinate sweeps of fp4
-# from the tables' picks, `cross` every fp4 table pick at every density of its table, `refine` sweeps the midpoints where
+# from the tables' picks, `gluon` sweeps started from the Gluon fp4 tiles, `cross` every fp4 table pick at every
+# density of its table, `refine` sweeps the midpoints where
 # neighbouring fp4 picks are different designs (CROSS: the cross stores), `retime` checks a sweep's
 # first readings against a bench, `bench-off` benches partly active and skewed points, `grid` sweeps the
 # 1.5x midpoints the default density grids gained in session 10 for the two target shapes, `exhaustive`
@@ -87,6 +88,10 @@ for st in "${stages[@]}"; do
       # 3072-route gate/up pick was never tried with W_TMA 1, which ran 12.5% faster at 2688 routes)
       # ($ROUTES: only these route counts)
       sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate ${ROUTES:+--routes "$ROUTES"} ;;
+    gluon)  # session 16: IMPL gluon (the Gluon fp4 GEMM) started at every V4-Flash TP2 density of $ROUTES
+      # (default: up to 24576), coordinate from there; follow with `cross` and `export`
+      sweep -m deepseek-v4-flash --tp 2 -k fp4_prefill --strategy coordinate --start benchmarks/fp4_gluon_starts.json \
+        --routes "${ROUTES:-768,1536,3072,4608,6144,9216,12288,18432,24576}" ;;
     cross)  # session 15: every pick of one model's tables ($PICKS: model, TP, family; V4-Flash TP2 fp4 by
       # default) measured at every density of its table up to $MAX_ROUTES, so no entry is slower there than
       # another entry's config (benchmarks/table_picks.py)
