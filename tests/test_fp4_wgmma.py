@@ -42,8 +42,13 @@ def test_gluon_config_runs_one_design_only(key, value):
 
 def test_gluon_config_values_are_checked():
     assert normalize_config(GLUON)["IMPL"] == "gluon"
+    assert normalize_config({**GLUON, "SCALE_RING": 1})["SCALE_RING"] == 1
     with pytest.raises(ValueError, match="IMPL"):
         normalize_config({**GLUON, "IMPL": "cuda"})
+    with pytest.raises(ValueError, match="SCALE_RING"):
+        normalize_config({**GLUON, "SCALE_RING": 2})
+    with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
+        normalize_config({"SCALE_RING": 1})
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -88,7 +93,8 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
         fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": GLUON, "down": GLUON})
 
 
-def test_kernel_compiles_for_sm90_with_the_wgmma_async():
+@pytest.mark.parametrize("scale_ring", [0, 1])
+def test_kernel_compiles_for_sm90_with_the_wgmma_async(scale_ring):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
     convert without data movement (assert_trivial inside the kernel)."""
@@ -105,8 +111,9 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async():
         "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", code, json.dumps(GLUON)], capture_output=True, text=True,
-                         env=env, timeout=600)
+    config = json.dumps({**GLUON, "SCALE_RING": scale_ring})
+    run = subprocess.run([sys.executable, "-c", code, config], capture_output=True, text=True, env=env,
+                         timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["async"] and got["wgmma"]
@@ -114,9 +121,11 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bm, bn, stages, layout", [(16, 64, 3, "indexed"), (32, 64, 2, "gathered"),
-                                                    (64, 64, 3, "indexed")])
-def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout):
+@pytest.mark.parametrize("bm, bn, stages, layout, scale_ring", [
+    (16, 64, 3, "indexed", 0), (32, 64, 2, "gathered", 0), (64, 64, 3, "indexed", 0),
+    # SCALE_RING 1: compiled offline only so far (session 16); these are its first GPU checks
+    (32, 64, 3, "indexed", 1), (64, 64, 2, "gathered", 1), (128, 128, 2, "indexed", 1)])
+def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
@@ -129,7 +138,8 @@ def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout):
     w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
     w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
     ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
-    cfg = {**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages}
+    cfg = {**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages, "SCALE_RING": scale_ring,
+           "num_warps": 4 if bn < 128 else 8}
     config = {"gate_up": {**cfg, "A_LAYOUT": layout}, "down": cfg}
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)

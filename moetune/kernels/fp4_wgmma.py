@@ -20,6 +20,12 @@ Pipelining is by hand (Gluon pipelines nothing): the packed weights and the acti
 ``k + num_stages`` are copied (cp.async) into a ring of ``num_stages + 1`` slots while chunk k multiplies;
 two chunks a loop trip, so the decode of chunk k+1 never writes registers the in-flight wgmma reads.
 
+``SCALE_RING`` 1 copies each chunk's activation scales through the ring as well (one per M-block row)
+instead of every thread loading one per accumulator column through its own pointer: offline, BM32 136
+registers instead of 168 (capped) and 392 loop instructions instead of 447, BM64 208 without spill instead of
+255, BM128 BN128 13 spilled loads instead of 305. Built and compiled for sm_90, not yet run on a GPU, so
+outside the searched space until its GPU tests and timings (results/fp4_prefill.md, session 16).
+
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
 """
@@ -104,14 +110,17 @@ def _operand(w, A_OP: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m, rmax, acc,
-           a_cur, s_next, s_far, xs, never, MMA: gl.constexpr, A_OP: gl.constexpr, L5: gl.constexpr,
-           P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, RING: gl.constexpr):
+def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src, row_ok_s,
+           as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA: gl.constexpr,
+           A_OP: gl.constexpr, L5: gl.constexpr, P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+           RING: gl.constexpr, SCALE_RING: gl.constexpr):
     """Chunk k: its wgmma issued async; under it, the copies of chunk k + RING - 1, the decode of chunk
     k + 1 and the scale loads of chunk k + 3; then the wait and the rescale by the chunk's activation
     scales."""
     cp.wait_group(RING - 2)
     fence_async_shared()
+    if SCALE_RING:  # this chunk's activation scales came with its activations
+        xs = xs_ring.index(k % RING).load(gl.SliceLayout(0, MMA))
     a_op = _operand(a_cur, A_OP, BN)
     part = warpgroup_mma(a_op, x_ring.index(k % RING).permute((1, 0)), gl.zeros([BN, BM], gl.float32, MMA),
                          use_acc=False, is_async=True)
@@ -120,12 +129,17 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
                 mask=row_ok_x[:, None])
     _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+    if SCALE_RING:
+        _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
     cp.commit_group()
     cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
     a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
     s_next = s_far
     s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-    xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
+    if SCALE_RING:
+        xs_next = xs
+    else:
+        xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
 
     # a_next among the wait's operands keeps the decode ahead of the wait (ptxas would sink it below)
     part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
@@ -140,7 +154,7 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
                      stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                     RING: gl.constexpr, num_warps: gl.constexpr):
+                     RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % BLOCK_SIZE_N == 0, K % 256 == 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
@@ -189,6 +203,18 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     x_rows = a_ptr + a_row_x[:, None] * stride_am
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     as_rows = a_scale_ptr + a_row_m * stride_asm
+    # SCALE_RING: the activation scales by cp.async too, one per row of the M-block (a 1-D layout), instead of
+    # one pointer and one carried value per accumulator column in every thread
+    XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    else:
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM],
+                                        gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
     W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -196,6 +222,8 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     for i in gl.static_range(RING - 1):
         _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
         _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
+        if SCALE_RING:
+            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
         cp.commit_group()
 
     # the largest scale of each weight row, eight loads in flight at a time
@@ -211,21 +239,29 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
     s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
     s_far = gl.load(ws_rows + 2 * (CHUNK // 32)).to(gl.int32)
-    xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
+    if SCALE_RING:
+        xs = gl.zeros([BM], gl.float32, gl.SliceLayout(0, MMA))  # read from the ring in each chunk
+    else:
+        xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
     never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
     acc = gl.zeros([BN, BM], gl.float32, MMA)
     for k0 in range(0, num_k, 2):
         for u in gl.static_range(2):
             acc, a_cur, s_next, s_far, xs = _chunk(
-                k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m,
-                rmax, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP, L5, P_W, BN, BM, RING)
+                k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src,
+                row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP, L5, P_W,
+                BN, BM, RING, SCALE_RING)
     cp.wait_group(0)
 
     wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(1, MMA)) - 1) << 23  # 2^(rmax - 128)
     n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, MMA))
-    c_ptrs = c_ptr + route_m.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
+    if SCALE_RING:
+        route_c = gl.load(sorted_ids_ptr + slot_m)  # loaded again rather than kept live through the loop
+    else:
+        route_c = route_m
+    c_ptrs = c_ptr + route_c.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
     out = acc * wf.to(gl.float32, bitcast=True)[:, None]
-    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok_m[None, :])
+    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
 
 
 def permute_k(a: torch.Tensor) -> torch.Tensor:
@@ -254,7 +290,7 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     params = list(inspect.signature(fp4_wgmma_kernel.fn).parameters)
     const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
                  BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
-                 num_warps=config["num_warps"])
+                 SCALE_RING=bool(config.get("SCALE_RING", 0)), num_warps=config["num_warps"])
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
@@ -287,4 +323,4 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
         w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], A_DIV=a_div,
         GATHERED=gathered, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, RING=config["num_stages"] + 1,
-        num_warps=config["num_warps"], **_maxnreg(config))
+        SCALE_RING=bool(config.get("SCALE_RING", 0)), num_warps=config["num_warps"], **_maxnreg(config))

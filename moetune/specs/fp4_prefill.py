@@ -41,7 +41,7 @@ GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "SWAP_AB": 
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
-    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton",
+    "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -104,6 +104,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if cfg["UNPACK"] == "lut" and cfg["DECODE"] not in ("fp8", "fp8_row"):
         raise ValueError(f"config UNPACK 'lut' looks up re-based e4m3 bytes: DECODE must be 'fp8' or "
                          f"'fp8_row', got {cfg['DECODE']!r}")
+    if cfg["SCALE_RING"] not in (0, 1) or isinstance(cfg["SCALE_RING"], bool):
+        raise ValueError(f"config SCALE_RING must be 0 or 1, got {cfg['SCALE_RING']!r}")
+    if cfg["SCALE_RING"] and cfg["IMPL"] != "gluon":
+        raise ValueError("config SCALE_RING 1 is a switch of IMPL 'gluon' (activation scales by cp.async)")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
