@@ -31,6 +31,8 @@ def test_permute_k_puts_each_thread_group_in_the_wgmma_k_order():
                         real = chunk * 128 + 32 * q + 8 * b + 4 * h + i
                         assert torch.equal(out[:, logical], a[:, real])
     assert sorted(out[0].tolist()) == sorted(a[0].tolist())
+    strided = torch.cat([a, a], dim=1)[:, 256:]  # a non-contiguous view: permuted like its copy
+    assert torch.equal(permute_k(strided.view(torch.float8_e4m3fn)).view(torch.uint8), out)
 
 
 @pytest.mark.parametrize("key, value", [("DECODE", "fp8"), ("UNPACK", "halves"), ("SWAP_AB", 0),

@@ -268,8 +268,9 @@ def permute_k(a: torch.Tensor) -> torch.Tensor:
     """Activations [rows, K] (K % 128 == 0) in the kernel's K order: inside each 128-K chunk, position
     ``32b + 16h + 4q + i`` holds real ``32q + 8b + 4h + i``."""
     rows, k = a.shape
-    v = a.view(torch.uint8).reshape(rows, k // 128, 4, 4, 2, 4)  # [rows, chunk, q, b, h, i]
-    return v.permute(0, 1, 3, 4, 2, 5).reshape(rows, k).contiguous().view(a.dtype)
+    # the 4-byte runs (i) move whole: an int32 copy, a quarter of the elements of a byte-wise one
+    v = a.contiguous().view(torch.int32).reshape(rows, k // 128, 4, 4, 2)  # [rows, chunk, q, b, h]
+    return v.permute(0, 1, 3, 4, 2).reshape(rows, k // 4).contiguous().view(a.dtype)
 
 
 def _maxnreg(config) -> dict:
