@@ -274,9 +274,12 @@ def permute_k(a: torch.Tensor) -> torch.Tensor:
 
 
 def _maxnreg(config) -> dict:
-    """Registers capped at 168 for the small tiles: three CTAs an SM instead of two, 12% faster at 6144
-    routes on the H200 (results/fp4_prefill.md, session 16); larger tiles would spill."""
-    return {"maxnreg": 168} if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] <= 32 * 64 else {}
+    """Registers capped for the small tiles (up to 32 x 64), where the cap costs no spill: at 168 three CTAs
+    an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session 16); with
+    SCALE_RING at 128, four CTAs (offline only so far: 136 registers uncapped, no spill at 128)."""
+    if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
+        return {}
+    return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
