@@ -22,8 +22,9 @@ two chunks a loop trip, so the decode of chunk k+1 never writes registers the in
 
 ``SCALE_RING`` 1 copies each chunk's activation scales through the ring as well (one per M-block row)
 instead of every thread loading one per accumulator column through its own pointer: offline, BM32 136
-registers instead of 168 (capped) and 392 loop instructions instead of 447, BM64 208 without spill instead of
-255, BM128 BN128 13 spilled loads instead of 305. Built and compiled for sm_90, not yet run on a GPU, so
+registers instead of 168 (capped; the launcher caps SCALE_RING's at 128, four CTAs an SM, no spill) and 392
+loop instructions instead of 447, BM64 208 without spill instead of 255, BM128 BN128 13 spilled loads instead
+of 305. Built and compiled for sm_90, not yet run on a GPU, so
 outside the searched space until its GPU tests and timings (results/fp4_prefill.md, session 16).
 
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
