@@ -3,7 +3,9 @@
 DeepSeek-V4-Flash TP=2, both GEMMs, at each --routes: the table's pick (the Triton kernel) and each --configs
 entry (fp4_prefill configs; IMPL, DECODE, UNPACK, SWAP_AB and BLOCK_SIZE_K are set to the Gluon kernel's),
 each checked against the pick's output (relative L2 difference under 1e-3) before it is timed
-(``do_bench_cudagraph``). Writes gluon_fp4.json / .md under --out and prints the table last.
+(``do_bench_cudagraph``). The Gluon configs read activations already in their K order, as in
+``fp4_prefill_moe`` (whose quantizers write it); session 16's tables timed the launcher's copy as well.
+Writes gluon_fp4.json / .md under --out and prints the table last.
 
     PYTHONPATH=. python benchmarks/gluon_fp4.py --out $OUT/g --routes 1536 6144 24576
 
@@ -24,10 +26,10 @@ from moetune.specs.fp4_prefill import GLUON_FIXED, normalize_config
 
 GEMMS = {"gate_up": (2048, 4096, 6), "down": (4096, 1024, 1)}  # N, K, A row divisor
 DEFAULT_CONFIGS = [
-    '{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3}',
+    '{"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3, "SCALE_RING": 1}',
+    '{"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3, "SCALE_RING": 1}',
     '{"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3}',
-    '{"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 2}',
-    '{"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3}',
+    '{"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "num_warps": 4, "num_stages": 3, "SCALE_RING": 1}',
 ]
 
 
@@ -50,7 +52,7 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.picker import pick_config
-    from moetune.quant.fp8_act import quantize_fp8_act
+    from moetune.quant.fp8_act import quantize_fp8_act, to_wgmma_k_order
     from moetune.quant.mxfp4 import quantize_mxfp4
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,6 +64,7 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
         for routes in routes_list:
             tokens = routes // 6
             a, a_s = quantize_fp8_act(torch.randn(tokens if a_div == 6 else routes, k, device="cuda"))
+            a_wgmma = to_wgmma_k_order(a)
             topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
             pick = pick_config(f"fp4_prefill.{gemm}", {"E": e, "N": n, "K": k, "top_k": 6}, routes)
             ref = None
@@ -69,8 +72,11 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
                 align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
                 out = torch.full((routes, n), float("nan"), device="cuda", dtype=torch.float32)
 
-                def run(a=a, a_s=a_s, w=w, ws=ws, out=out, align=align, a_div=a_div, cfg=cfg):
-                    grouped_gemm(a, a_s, w, ws, out, align, a_div=a_div, config=cfg)
+                order = "wgmma" if cfg["IMPL"] == "gluon" else "real"
+
+                def run(a=a_wgmma if order == "wgmma" else a, a_s=a_s, w=w, ws=ws, out=out, align=align,
+                        a_div=a_div, cfg=cfg, order=order):
+                    grouped_gemm(a, a_s, w, ws, out, align, a_div=a_div, config=cfg, a_k_order=order)
 
                 run()
                 torch.cuda.synchronize()
@@ -87,7 +93,7 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
     for r in rows:
         c = r["config"]
         desc = (f"BM{c['BLOCK_SIZE_M']} BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} w{c['num_warps']} "
-                f"s{c['num_stages']} {c['UNPACK']} {c['DECODE']}")
+                f"s{c['num_stages']} {c['UNPACK']} {c['DECODE']}" + (" ring" if c.get("SCALE_RING") else ""))
         us = f"{r['us']:.1f}" if r["us"] else "-"
         x = f"{base[(r['gemm'], r['routes'])] / r['us']:.3f}x" if r["us"] else "-"
         err = f"{r['rel_err']:.1e}"

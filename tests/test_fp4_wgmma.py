@@ -17,11 +17,11 @@ H200 = DeviceInfo(name="NVIDIA H200", arch="sm_90", sm_count=132, max_shared_mem
                   is_gpu=True)
 
 
-def test_permute_k_puts_each_thread_group_in_the_wgmma_k_order():
-    from moetune.kernels.fp4_wgmma import permute_k
+def test_wgmma_k_order_puts_each_thread_group_in_its_lanes():
+    from moetune.quant.fp8_act import to_wgmma_k_order
 
     a = torch.arange(3 * 256, dtype=torch.int32).remainder(251).to(torch.uint8).reshape(3, 256)
-    out = permute_k(a.view(torch.float8_e4m3fn)).view(torch.uint8)
+    out = to_wgmma_k_order(a.view(torch.float8_e4m3fn)).view(torch.uint8)
     for chunk in range(2):
         for b in range(4):
             for h in range(2):
@@ -32,7 +32,47 @@ def test_permute_k_puts_each_thread_group_in_the_wgmma_k_order():
                         assert torch.equal(out[:, logical], a[:, real])
     assert sorted(out[0].tolist()) == sorted(a[0].tolist())
     strided = torch.cat([a, a], dim=1)[:, 256:]  # a non-contiguous view: permuted like its copy
-    assert torch.equal(permute_k(strided.view(torch.float8_e4m3fn)).view(torch.uint8), out)
+    assert torch.equal(to_wgmma_k_order(strided.view(torch.float8_e4m3fn)).view(torch.uint8), out)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        to_wgmma_k_order(a[:, :192])
+
+
+def test_producers_write_the_wgmma_k_order(device):
+    """quantize_fp8_act and the swiglu quantizer write IMPL gluon's order directly: the same bytes as their
+    real-order output permuted, the same scales."""
+    from moetune.kernels.fp4_act import swiglu_quant
+    from moetune.quant import quantize_fp8_act
+    from moetune.quant.fp8_act import to_wgmma_k_order
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 384, generator=g) * torch.logspace(-2, 2, 5)[:, None]
+    q, s = quantize_fp8_act(x)
+    qw, sw = quantize_fp8_act(x, k_order="wgmma")
+    assert torch.equal(sw, s) and qw.is_contiguous()
+    assert torch.equal(qw.view(torch.uint8), to_wgmma_k_order(q).view(torch.uint8))
+    with pytest.raises(ValueError, match="group must be 128"):
+        quantize_fp8_act(x, 64, k_order="wgmma")
+    with pytest.raises(ValueError, match="k_order"):
+        quantize_fp8_act(x, k_order="mma")
+
+    gu = torch.randn(4, 512, generator=g).to(device)
+    w = (torch.rand(4, generator=g) + 0.1).to(device)
+    ids = torch.tensor([0, -1, 2, 1], dtype=torch.int32, device=device)
+    q, s = swiglu_quant(gu, w, ids, None)
+    qw, sw = swiglu_quant(gu, w, ids, None, k_order="wgmma")
+    act = ids >= 0
+    assert torch.equal(sw[act], s[act])
+    assert torch.equal(qw[act].view(torch.uint8), to_wgmma_k_order(q[act]).view(torch.uint8))
+    with pytest.raises(ValueError, match="multiple of 128"):
+        swiglu_quant(torch.randn(2, 192, device=device), w[:2], ids[:2], None, k_order="wgmma")
+
+
+def test_wgmma_k_order_is_for_gluon_configs_only():
+    from moetune.kernels.fp4_prefill import grouped_gemm
+
+    triton_cfg = normalize_config({})
+    with pytest.raises(ValueError, match="a_k_order 'wgmma' is the K order of config IMPL 'gluon'"):
+        grouped_gemm(*[None] * 6, a_div=1, config=triton_cfg, a_k_order="wgmma")
 
 
 @pytest.mark.parametrize("key, value", [("DECODE", "fp8"), ("UNPACK", "halves"), ("SWAP_AB", 0),
@@ -76,8 +116,9 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"]) for c in gluon}
-    assert len(tiles) == len(gluon)
+              c["A_LAYOUT"], c["SCALE_RING"]) for c in gluon}
+    assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
+    assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
 def test_gluon_refuses_the_interpreter_before_any_launch():
@@ -125,7 +166,6 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(scale_ring):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bm, bn, stages, layout, scale_ring", [
     (16, 64, 3, "indexed", 0), (32, 64, 2, "gathered", 0), (64, 64, 3, "indexed", 0),
-    # SCALE_RING 1: compiled offline only so far (session 16); these are its first GPU checks
     (32, 64, 3, "indexed", 1), (64, 64, 2, "gathered", 1), (128, 128, 2, "indexed", 1)])
 def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
@@ -146,4 +186,33 @@ def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout, scale_ring):
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
     assert torch.isfinite(out).all()
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+def test_gluon_reads_either_k_order_on_gpu():
+    """grouped_gemm with A in real order (permuted by the launcher) and in the wgmma order (as the producers
+    write it) gives the same bits; the pipeline mixes a Gluon gate/up with a Triton down."""
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference, grouped_gemm
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(7)
+    m, h, i, e, top_k = 24, 768, 256, 4, 2
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
+    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
+    ids, wts = make_routes(m, top_k, e, routing="uniform", active_fraction=1.0, generator=g, device="cuda")
+    cfg = normalize_config({**GLUON, "SCALE_RING": 1})
+    align = align_routes(ids, e, cfg["BLOCK_SIZE_M"])
+    outs = []
+    for order in ("real", "wgmma"):
+        q, s = quantize_fp8_act(x, k_order=order)
+        out = torch.full((m * top_k, 2 * i), float("nan"), device="cuda")
+        grouped_gemm(q, s, *w13, out, align, a_div=top_k, config=cfg, a_k_order=order)
+        outs.append(out)
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+    out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": cfg, "down": {}})
+    ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2

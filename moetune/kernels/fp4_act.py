@@ -32,7 +32,8 @@ def _round_to_e4m3(v):
 
 @triton.jit
 def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, stride_gu, stride_q, stride_s,
-                         HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr):
+                         HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+                         WGMMA_ORDER: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     if tl.load(ids_ptr + r) < 0:
@@ -54,16 +55,26 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, str
     if ROUND_FIRST:
         v = _round_to_e4m3(v)
     q = v.to(tl.float8e4nv)
-    tl.store(q_ptr + r * stride_q + offs, q, mask=ok)
+    dst = offs
+    if WGMMA_ORDER:  # real 32q + 8b + 4h + i of the group at 32b + 16h + 4q + i (to_wgmma_k_order)
+        j = tl.arange(0, GROUP)
+        dst = g * GROUP + ((j >> 3) & 3) * 32 + ((j >> 2) & 1) * 16 + (j >> 5) * 4 + (j & 3)
+    tl.store(q_ptr + r * stride_q + dst, q, mask=ok)
     tl.store(s_ptr + r * stride_s + g, scale)
 
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
-                 group: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+                 group: int = 128, *, k_order: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
     """``gate_up [R, 2I]`` fp32 and ``weights``, ``ids`` ``[R]`` ->
-    ``(q e4m3 [R, I], scales fp32 [R, ceil(I / group)])``; rows of inactive routes are left unwritten."""
+    ``(q e4m3 [R, I], scales fp32 [R, ceil(I / group)])``; rows of inactive routes are left unwritten.
+    ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (I % 128 == 0, group 128)."""
     routes, two_i = gate_up.shape
     inter = two_i // 2
+    if k_order not in ("real", "wgmma"):
+        raise ValueError(f"k_order must be 'real' or 'wgmma', got {k_order!r}")
+    if k_order == "wgmma" and (group != 128 or inter % 128):
+        raise ValueError(f"k_order 'wgmma' permutes within 128-wide groups: needs group 128 and the "
+                         f"intermediate a multiple of 128, got group {group}, intermediate {inter}")
     groups = triton.cdiv(inter, group)
     q = torch.empty(routes, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
     s = torch.empty(routes, groups, dtype=torch.float32, device=gate_up.device)
@@ -71,6 +82,6 @@ def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
         _swiglu_quant_kernel[(routes, groups)](
             gate_up, weights, ids, q, s, inter, 0.0 if limit is None else float(limit),
             gate_up.stride(0), q.stride(0), s.stride(0), HAS_LIMIT=limit is not None, GROUP=group,
-            ROUND_FIRST=interpreter_active(),
+            ROUND_FIRST=interpreter_active(), WGMMA_ORDER=k_order == "wgmma",
         )
     return q, s

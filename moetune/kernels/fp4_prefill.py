@@ -31,12 +31,18 @@ SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "fp8_row": (2, 254), "f16": (2
 
 
 def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
-                 out: torch.Tensor, align: Alignment, *, a_div: int, config: Mapping[str, Any]) -> None:
+                 out: torch.Tensor, align: Alignment, *, a_div: int, config: Mapping[str, Any],
+                 a_k_order: str = "real") -> None:
     """``out[r] = dequant(a[r // a_div]) @ dequant(w[expert(r)]).T`` for every aligned route ``r``.
 
     With ``A_LAYOUT = "gathered"`` the A rows (and their scales) are first copied into
-    slot order by the one-launch gather, and the GEMM reads contiguous rows.
+    slot order by the one-launch gather, and the GEMM reads contiguous rows. ``a_k_order="wgmma"``:
+    ``a`` is in the K order of IMPL "gluon" (``quantize_fp8_act(k_order="wgmma")``), which only it reads.
     """
+    gluon = config.get("IMPL", "triton") == "gluon"
+    if a_k_order == "wgmma" and not gluon:
+        raise ValueError("a_k_order 'wgmma' is the K order of config IMPL 'gluon'; this config runs IMPL "
+                         f"{config.get('IMPL', 'triton')!r}, which reads A in real order")
     gathered = config.get("A_LAYOUT", "indexed") == "gathered"
     if gathered:
         from .gather_rows import gather_rows_with_scales
@@ -44,10 +50,11 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
         ids = align.sorted_ids
         src = torch.where(ids < align.routes, ids // a_div, torch.zeros_like(ids))
         a, a_scale = gather_rows_with_scales(a, a_scale, src)
-    if config.get("IMPL", "triton") == "gluon":
+    if gluon:
         from . import fp4_wgmma  # Gluon: imported when used, it has no interpreter
 
-        fp4_wgmma.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
+        fp4_wgmma.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config,
+                         a_k_order=a_k_order)
     else:
         fp4_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
 
@@ -164,16 +171,27 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     if m == 0:
         return x.new_empty((0, h))
 
-    xq, xs = quantize_fp8_act(x)
+    # IMPL gluon reads its activations in the wgmma K order: their producers write it (no copy).
+    order = {g: "wgmma" if cfgs[g]["IMPL"] == "gluon" else "real" for g in GEMMS}
+    if "wgmma" in order.values():
+        from . import fp4_wgmma
+
+        for gemm, a_k, w in (("gate_up", h, w13_packed), ("down", inter, w2_packed)):
+            if order[gemm] == "wgmma":
+                fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
+    xq, xs = quantize_fp8_act(x, k_order=order["gate_up"])
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
-    grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"])
+    grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
+                 a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
-    hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit)
+    hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit,
+                          k_order=order["down"])
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
     down = torch.zeros(routes, h, dtype=torch.float32, device=x.device)
-    grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"])
+    grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
+                 a_k_order=order["down"])
     return down.view(m, top_k, h).sum(dim=1).to(x.dtype)
 
 

@@ -13,8 +13,9 @@ K order. The wgmma A fragment (the decoded weights, registers) gives lane ``q = 
 follow it, so thread q takes the whole 32-K scale group q of each of its rows: logical ``32b + 16h + 4q + i``
 is real ``32q + 8b + 4h + i``. A thread loads its group's 16 packed bytes as one vector, makes the group's
 e4m3 pool once and turns each 4-byte word (b) into the two registers (h) the wgmma reads, with no data
-movement between threads (``assert_trivial`` checks it). The activations go in that order
-(:func:`permute_k`); their 128-K scales do not move.
+movement between threads (``assert_trivial`` checks it). The activations come in that order, written so by
+their producers (``quantize_fp8_act(k_order="wgmma")``, the swiglu quantizer) or permuted here
+(``moetune.quant.fp8_act.to_wgmma_k_order``); their 128-K scales do not move.
 
 Pipelining is by hand (Gluon pipelines nothing): the packed weights and the activation tile of chunk
 ``k + num_stages`` are copied (cp.async) into a ring of ``num_stages + 1`` slots while chunk k multiplies;
@@ -24,8 +25,7 @@ two chunks a loop trip, so the decode of chunk k+1 never writes registers the in
 instead of every thread loading one per accumulator column through its own pointer: offline, BM32 136
 registers instead of 168 (capped; the launcher caps SCALE_RING's at 128, four CTAs an SM, no spill) and 392
 loop instructions instead of 447, BM64 208 without spill instead of 255, BM128 BN128 13 spilled loads instead
-of 305. Built and compiled for sm_90, not yet run on a GPU, so
-outside the searched space until its GPU tests and timings (results/fp4_prefill.md, session 16).
+of 305. On the H200 (session 17) 1.09-1.14x the SCALE_RING 0 kernel's time at 1536-12288 routes for gate/up.
 
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from ..device import interpreter_active
+from ..quant.fp8_act import to_wgmma_k_order
 from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
 
 # cp.async global -> shared: async_copy_global_to_shared in Triton 3.6, async_load in later versions
@@ -265,19 +266,10 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
 
 
-def permute_k(a: torch.Tensor) -> torch.Tensor:
-    """Activations [rows, K] (K % 128 == 0) in the kernel's K order: inside each 128-K chunk, position
-    ``32b + 16h + 4q + i`` holds real ``32q + 8b + 4h + i``."""
-    rows, k = a.shape
-    # the 4-byte runs (i) move whole: an int32 copy, a quarter of the elements of a byte-wise one
-    v = a.contiguous().view(torch.int32).reshape(rows, k // 128, 4, 4, 2)  # [rows, chunk, q, b, h]
-    return v.permute(0, 1, 3, 4, 2).reshape(rows, k // 4).contiguous().view(a.dtype)
-
-
 def _maxnreg(config) -> dict:
     """Registers capped for the small tiles (up to 32 x 64), where the cap costs no spill: at 168 three CTAs
     an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session 16); with
-    SCALE_RING at 128, four CTAs (offline only so far: 136 registers uncapped, no spill at 128)."""
+    SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline)."""
     if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
         return {}
     return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
@@ -307,21 +299,34 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config) -> None:
-    """As ``fp4_gemm.launch``, for a config with IMPL "gluon" (``a`` in real K order: permuted here)."""
-    if interpreter_active() or not a.is_cuda:
+def check_problem(k: int, w: torch.Tensor, config) -> None:
+    """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, K not a
+    multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable as aligned 16-byte words."""
+    if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
-    bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
-    if align.block_m != bm:
-        raise ValueError(f"alignment was made for BLOCK_SIZE_M {align.block_m}, config has {bm}")
-    n, k = w.shape[1], a.shape[1]
+    bn, n = config["BLOCK_SIZE_N"], w.shape[1]
     if k % 256 or n % bn:
         raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
                          f"got K {k}, N {n}")
     if w.stride(2) != 1 or any(s % 4 for s in w.stride()[:2]) or w.data_ptr() % 16:
         raise ValueError(f"config IMPL 'gluon' reads the packed weights as 16-byte words: unit stride along "
                          f"K, strides a multiple of 4 and a 16-byte aligned base, got strides {w.stride()}")
-    a = permute_k(a)
+
+
+def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config,
+           a_k_order: str = "real") -> None:
+    """As ``fp4_gemm.launch``, for a config with IMPL "gluon"; ``a`` in real K order is permuted here (a copy
+    of ``a``), in the wgmma order it is read as it is."""
+    check_problem(a.shape[1], w, config)
+    bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
+    if align.block_m != bm:
+        raise ValueError(f"alignment was made for BLOCK_SIZE_M {align.block_m}, config has {bm}")
+    n, k = w.shape[1], a.shape[1]
+    if a_k_order == "real":
+        a = to_wgmma_k_order(a)
+    elif a_k_order != "wgmma" or a.stride(1) != 1:
+        raise ValueError(f"a_k_order must be 'real' or 'wgmma' (then a contiguous along K), got "
+                         f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     fp4_wgmma_kernel[(align.max_blocks * (n // bn),)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,

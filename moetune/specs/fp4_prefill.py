@@ -33,6 +33,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "SCALE_AHEAD": (0, 1),
     "A_QUADS": (0, 1),
     "IMPL": ("triton", "gluon"),
+    "SCALE_RING": (0, 1),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "SWAP_AB": 1, "BLOCK_SIZE_K": 128,
@@ -86,7 +87,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS"):
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
@@ -104,8 +105,6 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if cfg["UNPACK"] == "lut" and cfg["DECODE"] not in ("fp8", "fp8_row"):
         raise ValueError(f"config UNPACK 'lut' looks up re-based e4m3 bytes: DECODE must be 'fp8' or "
                          f"'fp8_row', got {cfg['DECODE']!r}")
-    if cfg["SCALE_RING"] not in (0, 1) or isinstance(cfg["SCALE_RING"], bool):
-        raise ValueError(f"config SCALE_RING must be 0 or 1, got {cfg['SCALE_RING']!r}")
     if cfg["SCALE_RING"] and cfg["IMPL"] != "gluon":
         raise ValueError("config SCALE_RING 1 is a switch of IMPL 'gluon' (activation scales by cp.async)")
     if cfg["IMPL"] == "gluon":
@@ -354,7 +353,7 @@ class Fp4PrefillSpec(KernelSpec):
         return {"w": packed, "w_scale": scale}
 
     def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
-        from ..quant.fp8_act import quantize_fp8_act
+        from ..quant.fp8_act import quantize_fp8_act, to_wgmma_k_order
         from ..routing import make_routes
 
         shape = problem.shape
@@ -371,7 +370,10 @@ class Fp4PrefillSpec(KernelSpec):
         out = torch.empty(problem.tokens * top_k, n, dtype=torch.float32, device=device)
         tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
                    "topk_ids": ids, "topk_weights": topk_weights}
-        return Inputs(tensors, (out,), extra={"align": {}, "top_k": top_k, "weights": weights})
+        extra = {"align": {}, "top_k": top_k, "weights": weights}
+        if k % 128 == 0:  # for IMPL gluon
+            extra["a_wgmma"] = to_wgmma_k_order(aq)
+        return Inputs(tensors, (out,), extra=extra)
 
     def _align(self, inputs: Inputs, block_m: int):
         from ..kernels.moe_align import align_routes
@@ -383,13 +385,19 @@ class Fp4PrefillSpec(KernelSpec):
         return cache[block_m]
 
     def run(self, inputs: Inputs, config: Config) -> None:
+        """IMPL gluon is timed on the activations in its K order (``make_inputs`` copies them once): in
+        ``fp4_prefill_moe`` their producers write that order (the quantizer's cast, the swiglu kernel's
+        stores) at no cost."""
         from ..kernels.fp4_prefill import grouped_gemm
 
         cfg = normalize_config(config, self.gemm)
         t = inputs.tensors
         a_div = inputs.extra["top_k"] if self.gemm == "gate_up" else 1
-        grouped_gemm(t["a"], t["a_scale"], t["w"], t["w_scale"], inputs.outputs[0],
-                     self._align(inputs, cfg["BLOCK_SIZE_M"]), a_div=a_div, config=cfg)
+        a, order = t["a"], "real"
+        if cfg["IMPL"] == "gluon" and "a_wgmma" in inputs.extra:
+            a, order = inputs.extra["a_wgmma"], "wgmma"
+        grouped_gemm(a, t["a_scale"], t["w"], t["w_scale"], inputs.outputs[0],
+                     self._align(inputs, cfg["BLOCK_SIZE_M"]), a_div=a_div, config=cfg, a_k_order=order)
 
     def poison(self, inputs: Inputs) -> None:
         """NaN in every row the op owns; rows of inactive routes are never written, so zero."""
