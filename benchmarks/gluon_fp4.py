@@ -34,7 +34,8 @@ DEFAULT_CONFIGS = [
 
 
 def gluon_config(text: str, gemm: str) -> dict:
-    return normalize_config({"GROUP_SIZE_M": 8, **json.loads(text), "IMPL": "gluon", **GLUON_FIXED}, gemm)
+    cfg = {"GROUP_SIZE_M": 8, "SWAP_AB": 1, **json.loads(text), "IMPL": "gluon", **GLUON_FIXED}
+    return normalize_config(cfg, gemm)
 
 
 def offline(configs: list[str]) -> None:
@@ -92,8 +93,10 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
              "|---|---:|---|---|---:|---:|---:|"]
     for r in rows:
         c = r["config"]
+        smem = c["IMPL"] == "gluon" and not c["SWAP_AB"]
         desc = (f"BM{c['BLOCK_SIZE_M']} BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} w{c['num_warps']} "
-                f"s{c['num_stages']} {c['UNPACK']} {c['DECODE']}" + (" ring" if c.get("SCALE_RING") else ""))
+                f"s{c['num_stages']} {c['UNPACK']} {c['DECODE']}" + (" smem" if smem else "")
+                + (" ring" if c["SCALE_RING"] else ""))
         us = f"{r['us']:.1f}" if r["us"] else "-"
         x = f"{base[(r['gemm'], r['routes'])] / r['us']:.3f}x" if r["us"] else "-"
         err = f"{r['rel_err']:.1e}"

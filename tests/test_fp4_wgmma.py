@@ -11,8 +11,10 @@ import torch
 from moetune.device import INTERPRETER, DeviceInfo
 from moetune.specs.fp4_prefill import GLUON_FIXED, normalize_config
 
-GLUON = {"IMPL": "gluon", **GLUON_FIXED, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4,
+GLUON = {"IMPL": "gluon", **GLUON_FIXED, "SWAP_AB": 1, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4,
          "num_stages": 3, "GROUP_SIZE_M": 8}
+# SWAP_AB 0: the activations as the wgmma's M side, decoded weights through shared memory
+GLUON_SMEM = {**GLUON, "SWAP_AB": 0, "SCALE_RING": 1, "BLOCK_SIZE_M": 128, "num_warps": 8, "num_stages": 2}
 H200 = DeviceInfo(name="NVIDIA H200", arch="sm_90", sm_count=132, max_shared_mem=232448, l2_bytes=60 << 20,
                   is_gpu=True)
 
@@ -75,8 +77,8 @@ def test_wgmma_k_order_is_for_gluon_configs_only():
         grouped_gemm(*[None] * 6, a_div=1, config=triton_cfg, a_k_order="wgmma")
 
 
-@pytest.mark.parametrize("key, value", [("DECODE", "fp8"), ("UNPACK", "halves"), ("SWAP_AB", 0),
-                                        ("BLOCK_SIZE_K", 64), ("W_TMA", 1), ("SCALE_AHEAD", 1)])
+@pytest.mark.parametrize("key, value", [("DECODE", "fp8"), ("UNPACK", "halves"), ("BLOCK_SIZE_K", 64),
+                                        ("W_TMA", 1), ("SCALE_AHEAD", 1)])
 def test_gluon_config_runs_one_design_only(key, value):
     with pytest.raises(ValueError, match=key):
         normalize_config({**GLUON, key: value})
@@ -91,6 +93,9 @@ def test_gluon_config_values_are_checked():
         normalize_config({**GLUON, "SCALE_RING": 2})
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
+    assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
+    with pytest.raises(ValueError, match="SWAP_AB 0 copies its activation scales through the ring"):
+        normalize_config({**GLUON_SMEM, "SCALE_RING": 0})
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -106,7 +111,10 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     assert "sm_90" in spec.constraint(GLUON, problem, INTERPRETER)
     assert "K % 256" in spec.constraint(GLUON, _problem(k=4096 + 128)[1], H200)
     assert "N % BLOCK_SIZE_N" in spec.constraint(GLUON, _problem(n=2048 + 32)[1], H200)
-    assert "16 of" in spec.constraint({**GLUON, "num_warps": 8}, problem, H200)
+    assert "16 of BLOCK_SIZE_N" in spec.constraint({**GLUON, "num_warps": 8}, problem, H200)
+    assert spec.constraint(GLUON_SMEM, problem, H200) is None  # 64 rows of M a warpgroup, any N tile
+    assert spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_N": 16}, problem, H200) is None
+    assert "16 of BLOCK_SIZE_M" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 64}, problem, H200)
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -116,8 +124,9 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"], c["SCALE_RING"]) for c in gluon}
+              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
+    assert {(c["SWAP_AB"], c["SCALE_RING"]) for c in gluon} == {(1, 0), (1, 1), (0, 1)}
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -136,8 +145,9 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
         fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": GLUON, "down": GLUON})
 
 
-@pytest.mark.parametrize("scale_ring", [0, 1])
-def test_kernel_compiles_for_sm90_with_the_wgmma_async(scale_ring):
+@pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM],
+                         ids=["swap", "swap-scale-ring", "smem"])
+def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
     convert without data movement (assert_trivial inside the kernel)."""
@@ -154,20 +164,23 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(scale_ring):
         "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    config = json.dumps({**GLUON, "SCALE_RING": scale_ring})
-    run = subprocess.run([sys.executable, "-c", code, config], capture_output=True, text=True, env=env,
-                         timeout=600)
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
+                         env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["async"] and got["wgmma"]
-    assert got["shared"] >= 4 * (32 * 128 + 64 * 64)  # rings of 4 activation and packed-weight chunks
+    ring = config["num_stages"] + 1  # activation and packed-weight chunks, and SWAP_AB 0's decoded pair
+    staged = 0 if config["SWAP_AB"] else 2 * config["BLOCK_SIZE_N"] * 128
+    assert got["shared"] >= ring * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"] // 2) * 128 + staged
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bm, bn, stages, layout, scale_ring", [
-    (16, 64, 3, "indexed", 0), (32, 64, 2, "gathered", 0), (64, 64, 3, "indexed", 0),
-    (32, 64, 3, "indexed", 1), (64, 64, 2, "gathered", 1), (128, 128, 2, "indexed", 1)])
-def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout, scale_ring):
+@pytest.mark.parametrize("swap, bm, bn, warps, stages, layout, scale_ring", [
+    (1, 16, 64, 4, 3, "indexed", 0), (1, 32, 64, 4, 2, "gathered", 0), (1, 64, 64, 4, 3, "indexed", 0),
+    (1, 32, 64, 4, 3, "indexed", 1), (1, 64, 64, 4, 2, "gathered", 1), (1, 128, 128, 8, 2, "indexed", 1),
+    (0, 64, 64, 4, 2, "indexed", 1), (0, 128, 64, 8, 2, "gathered", 1), (0, 128, 128, 8, 3, "indexed", 1),
+    (0, 128, 32, 4, 2, "indexed", 1), (0, 256, 64, 8, 1, "indexed", 1)])
+def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
@@ -180,8 +193,8 @@ def test_gluon_matches_reference_on_gpu(bm, bn, stages, layout, scale_ring):
     w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
     w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
     ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
-    cfg = {**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages, "SCALE_RING": scale_ring,
-           "num_warps": 4 if bn < 128 else 8}
+    cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
+           "SCALE_RING": scale_ring, "num_warps": warps}
     config = {"gate_up": {**cfg, "A_LAYOUT": layout}, "down": cfg}
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)

@@ -51,6 +51,7 @@ from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
 
 # cp.async global -> shared: async_copy_global_to_shared in Triton 3.6, async_load in later versions
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+_barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # the CTA barrier (renamed after Triton 3.6)
 CHUNK = gl.constexpr(128)  # K per wgmma: one activation scale group
 # The lut PTX for one packed word per call ($2; pools $3, $4) -> the e4m3 words of k0-3 ($0) and k4-7 ($1).
 _LUT_WORD_ASM = gl.constexpr(_E2M1_TO_E4M3_LUT_ASM.value.replace("$7", "$4"))
@@ -88,10 +89,9 @@ def _keep_alive(a, never):
 
 
 @gluon.jit
-def _decode(words, s, rmax, L5: gl.constexpr, BN: gl.constexpr):
+def _decode_words(words, s, rmax, BN: gl.constexpr):
     """Packed words [BN, 4(q), 4(b)] (real K order), their group scales s [BN, 4] and the row's largest
-    scale rmax [BN, 1] -> the re-based e4m3 words [BN, q, b, h] (4 weights each). Words cross the loop, not
-    bytes: a carried byte tensor is repacked every trip."""
+    scale rmax [BN, 1] -> the re-based e4m3 words [BN, q, b, h] (4 weights each, h: the word's K half)."""
     d = gl.minimum(rmax - s, 15)
     lo, hi = gl.inline_asm_elementwise(_E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(gl.int32, gl.int32),
                                        is_pure=True, pack=1)
@@ -99,7 +99,14 @@ def _decode(words, s, rmax, L5: gl.constexpr, BN: gl.constexpr):
     hi = gl.expand_dims(hi, 2).broadcast_to([BN, 4, 4])
     first, second = gl.inline_asm_elementwise(_LUT_WORD_ASM, "=r,=r,r,r,r", [words, lo, hi],
                                               dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-    return gl.convert_layout(gl.join(first, second), gl.SliceLayout(4, L5), assert_trivial=True)
+    return gl.join(first, second)
+
+
+@gluon.jit
+def _decode(words, s, rmax, L5: gl.constexpr, BN: gl.constexpr):
+    """``_decode_words`` in the A operand's registers. Words cross the loop, not bytes: a carried byte
+    tensor is repacked every trip."""
+    return gl.convert_layout(_decode_words(words, s, rmax, BN), gl.SliceLayout(4, L5), assert_trivial=True)
 
 
 @gluon.jit
@@ -266,13 +273,156 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
 
 
+@gluon.jit
+def _store_words(dst, words, W_WORDS: gl.constexpr, BN: gl.constexpr):
+    """Decoded words [BN, q, b, h] into a [BN, 128] e4m3 buffer in logical K order: word (q, b, h) holds
+    logical K 32b + 16h + 4q .. + 3, word column 8b + 4h + q."""
+    flat = gl.reshape(words.permute((0, 2, 3, 1)), [BN, 32])
+    _as_words(dst, W_WORDS, BN).store(flat)
+
+
+# the same shared bytes under another type: `_reinterpret` in Triton 3.6, `reinterpret` in later versions
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def _as_words(buf, W_WORDS: gl.constexpr, BN: gl.constexpr):
+        return buf.reinterpret(gl.int32, [BN, 32], W_WORDS)
+else:
+    @gluon.jit
+    def _as_words(buf, W_WORDS: gl.constexpr, BN: gl.constexpr):
+        return buf._reinterpret(gl.int32, [BN, 32], W_WORDS)
+
+
+@gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
+def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                          num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
+                          stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                          GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                          RING: gl.constexpr, num_warps: gl.constexpr):
+    """SWAP_AB 0: the activations are the wgmma's M side (BLOCK_SIZE_M / 64 warpgroups, both operands from
+    shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
+    the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
+    registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies."""
+    BM: gl.constexpr = BLOCK_SIZE_M
+    BN: gl.constexpr = BLOCK_SIZE_N
+    pid = gl.program_id(0)
+    num_pid_n = N // BN
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    if pid_m * BM >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 32])
+    # one thread a (weight row, 32-K group): its 16 packed bytes in, its 8 e4m3 words out
+    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
+    # the same bytes as int32 words [BN, 32] (a 128-byte row either way, so the same swizzle)
+    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
+                                                 element_bitwidth=32, rank=2)
+    XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+
+    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
+    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
+    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
+    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
+              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
+    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
+    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
+               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:
+        x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    else:
+        x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    xs_ring = gl.allocate_shared_memory(gl.float32, [RING, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    w_dec = gl.allocate_shared_memory(gl.float8e4nv, [2, BN, CHUNK], W_SMEM)
+    for i in gl.static_range(RING - 1):
+        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
+        _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
+        cp.commit_group()
+
+    num_k = K // CHUNK
+    smax = gl.zeros([BN, 4], gl.int32, S2)
+    for k0 in range(0, num_k, 8):
+        for u in gl.static_range(8):
+            s = gl.load(ws_rows + gl.minimum(k0 + u, num_k - 1) * (CHUNK // 32))
+            smax = gl.maximum(smax, s.to(gl.int32))
+    rmax = gl.expand_dims(gl.max(smax, axis=1), 1)
+
+    cp.wait_group(RING - 2)
+    w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
+    _store_words(w_dec.index(0), w0, W_WORDS, BN)
+    s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+    acc = gl.zeros([BM, BN], gl.float32, MMA)
+    for k in range(num_k):
+        cp.wait_group(RING - 2)  # chunk k's copies (mine), then everyone's, and the decoded chunk k
+        fence_async_shared()
+        _barrier()
+        xs = xs_ring.index(k % RING).load(gl.SliceLayout(1, MMA))
+        part = warpgroup_mma(x_ring.index(k % RING), w_dec.index(k % 2).permute((1, 0)),
+                             gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
+        # the slots chunk k - 1 used are free: every warpgroup waited for its wgmma before the barrier
+        kn = gl.minimum(k + RING - 1, num_k - 1)
+        _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                    mask=row_ok_x[:, None])
+        _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+        _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
+        cp.commit_group()
+        cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
+        w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
+        _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
+        s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+        part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
+        acc += part * xs[:, None]
+    cp.wait_group(0)
+
+    wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
+    n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
+    route_c = gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA)))
+    c_ptrs = c_ptr + route_c.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
+    out = acc * wf.to(gl.float32, bitcast=True)[None, :]
+    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[:, None])
+
+
 def _maxnreg(config) -> dict:
-    """Registers capped for the small tiles (up to 32 x 64), where the cap costs no spill: at 168 three CTAs
-    an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session 16); with
-    SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline)."""
-    if config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
+    """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: at 168
+    three CTAs an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session
+    16); with SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline)."""
+    if not config.get("SWAP_AB", 1) or config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
         return {}
     return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
+
+
+def _kernel(config, a_div: int, gathered: bool):
+    """The kernel a config runs (SWAP_AB: weights as the wgmma's M side, in registers; else through shared
+    memory), its constexpr arguments and launch options."""
+    const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
+                 BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
+                 num_warps=config["num_warps"])
+    if not config.get("SWAP_AB", 1):
+        return fp4_wgmma_smem_kernel, const, {}
+    return fp4_wgmma_kernel, {**const, "SCALE_RING": bool(config.get("SCALE_RING", 0))}, _maxnreg(config)
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
@@ -284,19 +434,17 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    params = list(inspect.signature(fp4_wgmma_kernel.fn).parameters)
-    const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
-                 BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
-                 SCALE_RING=bool(config.get("SCALE_RING", 0)), num_warps=config["num_warps"])
+    kernel, const, options = _kernel(config, a_div, gathered)
+    params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
                and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
-    src = GluonASTSource(fp4_wgmma_kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()},
+    src = GluonASTSource(kernel, sig, constexprs={(params.index(k),): v for k, v in const.items()},
                          attrs={(params.index(k),): [["tt.divisibility", 16]] for k in aligned})
-    options = {"num_warps": config["num_warps"], **_maxnreg(config)}
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": const["num_warps"],
+                                                                           **options})
 
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
@@ -328,9 +476,8 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         raise ValueError(f"a_k_order must be 'real' or 'wgmma' (then a contiguous along K), got "
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
-    fp4_wgmma_kernel[(align.max_blocks * (n // bn),)](
+    kernel, const, options = _kernel(config, a_div, gathered)
+    kernel[(align.max_blocks * (n // bn),)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], A_DIV=a_div,
-        GATHERED=gathered, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, RING=config["num_stages"] + 1,
-        SCALE_RING=bool(config.get("SCALE_RING", 0)), num_warps=config["num_warps"], **_maxnreg(config))
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)

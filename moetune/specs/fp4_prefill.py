@@ -36,7 +36,8 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "SCALE_RING": (0, 1),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
-GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "SWAP_AB": 1, "BLOCK_SIZE_K": 128,
+# It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory, SCALE_RING 1).
+GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
@@ -111,6 +112,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
                 raise ValueError(f"config IMPL 'gluon' runs {key} {value!r} only, got {cfg[key]!r}")
+        if not cfg["SWAP_AB"] and not cfg["SCALE_RING"]:
+            raise ValueError("config IMPL 'gluon' with SWAP_AB 0 copies its activation scales through the "
+                             "ring: SCALE_RING must be 1")
     if cfg["DECODE"] != "bf16" and cfg["BLOCK_SIZE_K"] > 128:
         raise ValueError(f"config BLOCK_SIZE_K must be <= 128 with DECODE {cfg['DECODE']!r} "
                          f"(one activation scale per chunk), got {cfg['BLOCK_SIZE_K']}")
@@ -135,7 +139,8 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
-        return (st + 1) * (bm * bk + bn * bk // 2) + 4096
+        staged = 0 if cfg["SWAP_AB"] else 2 * bn * bk + 4 * (st + 1) * bm  # decoded weights, scales ring
+        return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
@@ -211,13 +216,15 @@ _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
 
 def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: DeviceInfo) -> str | None:
     """What IMPL "gluon" needs beyond the config check: sm_90, whole 256-K trips, whole N tiles, and 16 rows
-    of the N tile a warp (here, so that the config check stays tile-independent)."""
+    of the wgmma's M side a warp: of the N tile with SWAP_AB, else of the M tile (here, so that the config
+    check stays tile-independent)."""
     if device.arch != "sm_90":
         return f"IMPL gluon is written for sm_90 (wgmma), not {device.arch}"
     if shape["K"] % 256 or shape["N"] % cfg["BLOCK_SIZE_N"]:
         return f"IMPL gluon needs K % 256 == 0 and N % BLOCK_SIZE_N == 0, got K {shape['K']}, N {shape['N']}"
-    if cfg["BLOCK_SIZE_N"] % (16 * cfg["num_warps"]):
-        return f"IMPL gluon gives each warp 16 of BLOCK_SIZE_N's rows: BLOCK_SIZE_N {cfg['BLOCK_SIZE_N']}"
+    side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
+    if cfg[side] % (16 * cfg["num_warps"]):
+        return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
     return None
 
 
