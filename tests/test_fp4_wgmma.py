@@ -94,7 +94,7 @@ def test_gluon_config_values_are_checked():
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
     assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
-    with pytest.raises(ValueError, match="SWAP_AB 0 copies its activation scales through the ring"):
+    with pytest.raises(ValueError, match="SWAP_AB 0 runs SCALE_RING 1 only"):
         normalize_config({**GLUON_SMEM, "SCALE_RING": 0})
 
 
@@ -115,6 +115,7 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     assert spec.constraint(GLUON_SMEM, problem, H200) is None  # 64 rows of M a warpgroup, any N tile
     assert spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_N": 16}, problem, H200) is None
     assert "16 of BLOCK_SIZE_M" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 64}, problem, H200)
+    assert "num_stages >= 2" in spec.constraint({**GLUON_SMEM, "num_stages": 1}, problem, H200)
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -179,7 +180,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     (1, 16, 64, 4, 3, "indexed", 0), (1, 32, 64, 4, 2, "gathered", 0), (1, 64, 64, 4, 3, "indexed", 0),
     (1, 32, 64, 4, 3, "indexed", 1), (1, 64, 64, 4, 2, "gathered", 1), (1, 128, 128, 8, 2, "indexed", 1),
     (0, 64, 64, 4, 2, "indexed", 1), (0, 128, 64, 8, 2, "gathered", 1), (0, 128, 128, 8, 3, "indexed", 1),
-    (0, 128, 32, 4, 2, "indexed", 1), (0, 256, 64, 8, 1, "indexed", 1)])
+    (0, 128, 32, 4, 2, "indexed", 1), (0, 256, 64, 8, 2, "indexed", 1)])
 def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""

@@ -292,6 +292,33 @@ else:
         return buf._reinterpret(gl.int32, [BN, 32], W_WORDS)
 
 
+@gluon.jit
+def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m,
+                w_cur, w_next_buf, rmax, acc, s_next, xs, MMA: gl.constexpr, P_W: gl.constexpr,
+                W_WORDS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, RING: gl.constexpr):
+    """Chunk k of the SWAP_AB 0 kernel, one wait and one CTA barrier: the copies of chunk k + RING - 1 go out
+    before anything async reads the ring, the wgmma of chunk k runs under the decode of chunk k + 1 into the
+    other buffer (a separate allocation, so no barrier between them), the next activation scales are loaded
+    a chunk ahead."""
+    cp.wait_group(RING - 3)  # chunk k's activations, chunk k + 1's packed weights (mine)
+    _barrier()  # everyone's; chunk k's decoded weights (stored and fenced last trip); chunk k - 1's slots
+    kn = gl.minimum(k + RING - 1, num_k - 1)
+    _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                mask=row_ok_x[:, None])
+    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+    cp.commit_group()
+    part = warpgroup_mma(x_ring.index(k % RING), w_cur.permute((1, 0)),
+                         gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
+    w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
+    _store_words(w_next_buf, w_next, W_WORDS, BN)
+    fence_async_shared()
+    s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+    xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
+    part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
+    acc += part * xs[:, None]
+    return acc, s_next, xs_next
+
+
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
                           num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
@@ -326,7 +353,6 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     # the same bytes as int32 words [BN, 32] (a 128-byte row either way, so the same swizzle)
     W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
                                                  element_bitwidth=32, rank=2)
-    XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
 
     n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
     q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
@@ -340,26 +366,26 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
     route_x = gl.load(sorted_ids_ptr + slot_x)
     row_ok_x = route_x < routes
-    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    row_ok_s = route_s < routes
+    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
+    route_m = gl.load(sorted_ids_ptr + slot_m)
+    row_ok_m = route_m < routes
     if GATHERED:
         x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+        as_rows = a_scale_ptr + slot_m.to(gl.int64) * stride_asm
     else:
         x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+        as_rows = a_scale_ptr + gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64) * stride_asm
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    xs_ring = gl.allocate_shared_memory(gl.float32, [RING, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    w_dec = gl.allocate_shared_memory(gl.float8e4nv, [2, BN, CHUNK], W_SMEM)
+    # the decoded pair as two allocations: the compiler's barrier analysis tells buffers apart, not slots
+    w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
+    w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
     for i in gl.static_range(RING - 1):
         _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
         _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
-        _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
         cp.commit_group()
 
     num_k = K // CHUNK
@@ -372,34 +398,23 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
 
     cp.wait_group(RING - 2)
     w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
-    _store_words(w_dec.index(0), w0, W_WORDS, BN)
+    _store_words(w_even, w0, W_WORDS, BN)
+    fence_async_shared()
     s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+    xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
     acc = gl.zeros([BM, BN], gl.float32, MMA)
-    for k in range(num_k):
-        cp.wait_group(RING - 2)  # chunk k's copies (mine), then everyone's, and the decoded chunk k
-        fence_async_shared()
-        _barrier()
-        xs = xs_ring.index(k % RING).load(gl.SliceLayout(1, MMA))
-        part = warpgroup_mma(x_ring.index(k % RING), w_dec.index(k % 2).permute((1, 0)),
-                             gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
-        # the slots chunk k - 1 used are free: every warpgroup waited for its wgmma before the barrier
-        kn = gl.minimum(k + RING - 1, num_k - 1)
-        _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
-                    mask=row_ok_x[:, None])
-        _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
-        _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
-        cp.commit_group()
-        cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
-        w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
-        _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
-        s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-        part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
-        acc += part * xs[:, None]
+    for k0 in range(0, num_k, 2):
+        acc, s_next, xs = _smem_chunk(k0, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
+                                      ws_rows, as_rows, row_ok_m, w_even, w_odd, rmax, acc, s_next, xs, MMA,
+                                      P_W, W_WORDS, BM, BN, RING)
+        acc, s_next, xs = _smem_chunk(k0 + 1, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
+                                      ws_rows, as_rows, row_ok_m, w_odd, w_even, rmax, acc, s_next, xs, MMA,
+                                      P_W, W_WORDS, BM, BN, RING)
     cp.wait_group(0)
 
     wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
     n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
-    route_c = gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA)))
+    route_c = gl.load(sorted_ids_ptr + slot_m)  # loaded again rather than kept live through the loop
     c_ptrs = c_ptr + route_c.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
     out = acc * wf.to(gl.float32, bitcast=True)[None, :]
     gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[:, None])
@@ -448,11 +463,15 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
 
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
-    """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, K not a
-    multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable as aligned 16-byte words."""
+    """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0 with
+    one stage, K not a multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable as aligned 16-byte
+    words."""
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
     bn, n = config["BLOCK_SIZE_N"], w.shape[1]
+    if not config.get("SWAP_AB", 1) and config["num_stages"] < 2:
+        raise ValueError("config IMPL 'gluon' with SWAP_AB 0 needs num_stages >= 2 (one wait covers a "
+                         f"chunk's activations and the next chunk's weights), got {config['num_stages']}")
     if k % 256 or n % bn:
         raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
                          f"got K {k}, N {n}")

@@ -113,8 +113,8 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
             if cfg[key] != value:
                 raise ValueError(f"config IMPL 'gluon' runs {key} {value!r} only, got {cfg[key]!r}")
         if not cfg["SWAP_AB"] and not cfg["SCALE_RING"]:
-            raise ValueError("config IMPL 'gluon' with SWAP_AB 0 copies its activation scales through the "
-                             "ring: SCALE_RING must be 1")
+            raise ValueError("config IMPL 'gluon' with SWAP_AB 0 runs SCALE_RING 1 only (its one value "
+                             "there)")
     if cfg["DECODE"] != "bf16" and cfg["BLOCK_SIZE_K"] > 128:
         raise ValueError(f"config BLOCK_SIZE_K must be <= 128 with DECODE {cfg['DECODE']!r} "
                          f"(one activation scale per chunk), got {cfg['BLOCK_SIZE_K']}")
@@ -222,6 +222,8 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return f"IMPL gluon is written for sm_90 (wgmma), not {device.arch}"
     if shape["K"] % 256 or shape["N"] % cfg["BLOCK_SIZE_N"]:
         return f"IMPL gluon needs K % 256 == 0 and N % BLOCK_SIZE_N == 0, got K {shape['K']}, N {shape['N']}"
+    if not cfg["SWAP_AB"] and cfg["num_stages"] < 2:
+        return "IMPL gluon with SWAP_AB 0 needs num_stages >= 2 (a chunk's activations, the next's weights)"
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
     if cfg[side] % (16 * cfg["num_warps"]):
         return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
