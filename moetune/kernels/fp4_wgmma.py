@@ -324,11 +324,14 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
                           num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
                           stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                           GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                          RING: gl.constexpr, num_warps: gl.constexpr):
+                          RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
     """SWAP_AB 0: the activations are the wgmma's M side (BLOCK_SIZE_M / 64 warpgroups, both operands from
     shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
-    registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies."""
+    registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies.
+    SCALE_RING 1: the activation scales through the ring and a loop that costs four CTA barriers a chunk
+    (the first version, faster for down's 8 chunks on the H200); 0: one barrier a chunk (1.08-1.15x for
+    gate/up's 32, results/fp4_prefill.md, session 17). Needs num_stages >= 2 with SCALE_RING 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     pid = gl.program_id(0)
@@ -366,26 +369,37 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
     route_x = gl.load(sorted_ids_ptr + slot_x)
     row_ok_x = route_x < routes
-    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
-    route_m = gl.load(sorted_ids_ptr + slot_m)
-    row_ok_m = route_m < routes
+    if SCALE_RING:  # the activation scales by cp.async, one per row of the M-block
+        XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
+        route_s = gl.load(sorted_ids_ptr + slot_s)
+        row_ok_s = route_s < routes
+    else:  # loaded a chunk ahead, each thread those of its accumulator rows
+        slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
+        route_s = gl.load(sorted_ids_ptr + slot_s)
+        row_ok_s = route_s < routes
     if GATHERED:
         x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
-        as_rows = a_scale_ptr + slot_m.to(gl.int64) * stride_asm
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
     else:
         x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
-        as_rows = a_scale_ptr + gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64) * stride_asm
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    # the decoded pair as two allocations: the compiler's barrier analysis tells buffers apart, not slots
-    w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
-    w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
+    if SCALE_RING:
+        xs_ring = gl.allocate_shared_memory(gl.float32, [RING, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        w_dec = gl.allocate_shared_memory(gl.float8e4nv, [2, BN, CHUNK], W_SMEM)
+    else:  # the decoded pair as two allocations: the barrier analysis tells buffers apart, not slots
+        w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
+        w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
     for i in gl.static_range(RING - 1):
         _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
         _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
+        if SCALE_RING:
+            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
         cp.commit_group()
 
     num_k = K // CHUNK
@@ -398,23 +412,47 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
 
     cp.wait_group(RING - 2)
     w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
-    _store_words(w_even, w0, W_WORDS, BN)
-    fence_async_shared()
-    s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
-    xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
     acc = gl.zeros([BM, BN], gl.float32, MMA)
-    for k0 in range(0, num_k, 2):
-        acc, s_next, xs = _smem_chunk(k0, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
-                                      ws_rows, as_rows, row_ok_m, w_even, w_odd, rmax, acc, s_next, xs, MMA,
-                                      P_W, W_WORDS, BM, BN, RING)
-        acc, s_next, xs = _smem_chunk(k0 + 1, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
-                                      ws_rows, as_rows, row_ok_m, w_odd, w_even, rmax, acc, s_next, xs, MMA,
-                                      P_W, W_WORDS, BM, BN, RING)
+    if SCALE_RING:  # a CTA barrier for each shared-memory hazard (four a chunk); fewer instructions a chunk
+        _store_words(w_dec.index(0), w0, W_WORDS, BN)
+        s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+        for k in range(num_k):
+            cp.wait_group(RING - 2)  # chunk k's copies (mine), then everyone's, and the decoded chunk k
+            fence_async_shared()
+            _barrier()
+            xs = xs_ring.index(k % RING).load(gl.SliceLayout(1, MMA))
+            part = warpgroup_mma(x_ring.index(k % RING), w_dec.index(k % 2).permute((1, 0)),
+                                 gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
+            # the slots chunk k - 1 used are free: every warpgroup waited for its wgmma before the barrier
+            kn = gl.minimum(k + RING - 1, num_k - 1)
+            _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                        mask=row_ok_x[:, None])
+            _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+            _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
+            cp.commit_group()
+            cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
+            w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
+            _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
+            s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+            part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
+            acc += part * xs[:, None]
+    else:  # one wait and one CTA barrier a chunk
+        _store_words(w_even, w0, W_WORDS, BN)
+        fence_async_shared()
+        s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+        xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
+        for k0 in range(0, num_k, 2):
+            acc, s_next, xs = _smem_chunk(k0, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
+                                          ws_rows, xs_src, row_ok_s, w_even, w_odd, rmax, acc, s_next, xs,
+                                          MMA, P_W, W_WORDS, BM, BN, RING)
+            acc, s_next, xs = _smem_chunk(k0 + 1, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
+                                          ws_rows, xs_src, row_ok_s, w_odd, w_even, rmax, acc, s_next, xs,
+                                          MMA, P_W, W_WORDS, BM, BN, RING)
     cp.wait_group(0)
 
     wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
     n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
-    route_c = gl.load(sorted_ids_ptr + slot_m)  # loaded again rather than kept live through the loop
+    route_c = gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA)))
     c_ptrs = c_ptr + route_c.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
     out = acc * wf.to(gl.float32, bitcast=True)[None, :]
     gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[:, None])
@@ -435,9 +473,10 @@ def _kernel(config, a_div: int, gathered: bool):
     const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
                  BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
                  num_warps=config["num_warps"])
+    const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
-    return fp4_wgmma_kernel, {**const, "SCALE_RING": bool(config.get("SCALE_RING", 0))}, _maxnreg(config)
+    return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
@@ -463,15 +502,16 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
 
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
-    """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0 with
-    one stage, K not a multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable as aligned 16-byte
-    words."""
+    """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
+    SCALE_RING 0 with one stage, K not a multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable
+    as aligned 16-byte words."""
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
     bn, n = config["BLOCK_SIZE_N"], w.shape[1]
-    if not config.get("SWAP_AB", 1) and config["num_stages"] < 2:
-        raise ValueError("config IMPL 'gluon' with SWAP_AB 0 needs num_stages >= 2 (one wait covers a "
-                         f"chunk's activations and the next chunk's weights), got {config['num_stages']}")
+    if not config.get("SWAP_AB", 1) and not config.get("SCALE_RING", 0) and config["num_stages"] < 2:
+        raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "
+                         "wait covers a chunk's activations and the next chunk's weights), got "
+                         f"{config['num_stages']}")
     if k % 256 or n % bn:
         raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
                          f"got K {k}, N {n}")
