@@ -115,6 +115,9 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     assert "16 of BLOCK_SIZE_M" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 64}, problem, H200)
     assert "num_stages >= 2" in spec.constraint({**GLUON_SMEM, "num_stages": 1}, problem, H200)
     assert spec.constraint({**GLUON_SMEM, "num_stages": 1, "SCALE_RING": 1}, problem, H200) is None
+    dense = _problem(routes=24576)[1]  # 96 rows an expert: a 256-row tile is in reach
+    assert "BLOCK_SIZE_M <= 128" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256}, dense, H200)
+    assert spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256, "SCALE_RING": 1}, dense, H200) is None
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -181,7 +184,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     (1, 32, 64, 4, 3, "indexed", 1), (1, 64, 64, 4, 2, "gathered", 1), (1, 128, 128, 8, 2, "indexed", 1),
     (0, 64, 64, 4, 2, "indexed", 1), (0, 128, 64, 8, 2, "gathered", 1), (0, 128, 128, 8, 3, "indexed", 1),
     (0, 128, 32, 4, 1, "indexed", 1), (0, 64, 64, 4, 2, "indexed", 0), (0, 128, 64, 8, 2, "gathered", 0),
-    (0, 128, 128, 8, 3, "indexed", 0), (0, 128, 32, 4, 2, "indexed", 0), (0, 256, 64, 8, 2, "indexed", 0)])
+    (0, 128, 128, 8, 3, "indexed", 0), (0, 128, 32, 4, 2, "indexed", 0), (0, 256, 64, 8, 2, "indexed", 1)])
 def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""

@@ -503,15 +503,20 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
     """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
-    SCALE_RING 0 with one stage, K not a multiple of 256 or N of BLOCK_SIZE_N, packed weights not readable
-    as aligned 16-byte words."""
+    SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256 or N of BLOCK_SIZE_N, packed
+    weights not readable as aligned 16-byte words."""
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
     bn, n = config["BLOCK_SIZE_N"], w.shape[1]
-    if not config.get("SWAP_AB", 1) and not config.get("SCALE_RING", 0) and config["num_stages"] < 2:
-        raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "
-                         "wait covers a chunk's activations and the next chunk's weights), got "
-                         f"{config['num_stages']}")
+    if not config.get("SWAP_AB", 1) and not config.get("SCALE_RING", 0):
+        if config["num_stages"] < 2:
+            raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "
+                             "wait covers a chunk's activations and the next chunk's weights), got "
+                             f"{config['num_stages']}")
+        if config["BLOCK_SIZE_M"] > 128:  # not understood yet: SCALE_RING 1 runs it (results/fp4_prefill.md)
+            raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 runs BLOCK_SIZE_M <= 128 "
+                             f"(256 stopped on a misaligned address on the H200), got "
+                             f"{config['BLOCK_SIZE_M']}")
     if k % 256 or n % bn:
         raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
                          f"got K {k}, N {n}")

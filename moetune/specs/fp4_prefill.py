@@ -221,6 +221,8 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return f"IMPL gluon needs K % 256 == 0 and N % BLOCK_SIZE_N == 0, got K {shape['K']}, N {shape['N']}"
     if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["num_stages"] < 2:
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 needs num_stages >= 2 (one wait covers two chunks)"
+    if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["BLOCK_SIZE_M"] > 128:
+        return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 runs BLOCK_SIZE_M <= 128 (256: misaligned address)"
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
     if cfg[side] % (16 * cfg["num_warps"]):
         return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
