@@ -119,6 +119,58 @@ def _operand(w, A_OP: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
+def _tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+    """This program's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
+    pid = gl.program_id(0)
+    num_pid_n = N // BN
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse, stride_wsn,
+                 P_W: gl.constexpr, BN: gl.constexpr):
+    """The N tile's chunk-0 pointers: packed words [BN, 4(q), 4(b)] in P_W, group scales [BN, 4(q)]."""
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
+    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
+    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
+    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
+              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
+    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
+    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
+               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+    return w_rows, ws_rows
+
+
+@gluon.jit
+def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
+    """The largest scale code of each weight row [BN, 1], eight loads in flight at a time."""
+    smax = gl.zeros([BN, 4], gl.int32, S2)
+    for k0 in range(0, num_k, 8):
+        for u in gl.static_range(8):
+            s = gl.load(ws_rows + gl.minimum(k0 + u, num_k - 1) * (CHUNK // 32))
+            smax = gl.maximum(smax, s.to(gl.int32))
+    return gl.expand_dims(gl.max(smax, axis=1), 1)
+
+
+@gluon.jit
+def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
+               RING: gl.constexpr, SCALE_RING: gl.constexpr):
+    """The copies of chunks 0 .. RING - 2, one commit group each."""
+    for i in gl.static_range(RING - 1):
+        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
+        if SCALE_RING:
+            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
+        cp.commit_group()
+
+
+@gluon.jit
 def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src, row_ok_s,
            as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA: gl.constexpr,
            A_OP: gl.constexpr, L5: gl.constexpr, P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
@@ -167,13 +219,7 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % BLOCK_SIZE_N == 0, K % 256 == 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid = gl.program_id(0)
-    num_pid_n = N // BN
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
-    group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -187,14 +233,8 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
 
-    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
-    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
-    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
-    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
-              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
-    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
-    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
-               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                   stride_wsn, P_W, BN)
 
     # the M-block's activation rows (cp.async, 16 bytes a thread) and their scales (accumulator columns)
     slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
@@ -228,21 +268,10 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
     W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
-    for i in gl.static_range(RING - 1):
-        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
-        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
-        if SCALE_RING:
-            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
-        cp.commit_group()
+    _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, RING, SCALE_RING)
 
-    # the largest scale of each weight row, eight loads in flight at a time
     num_k = K // CHUNK
-    smax = gl.zeros([BN, 4], gl.int32, S2)
-    for k0 in range(0, num_k, 8):
-        for u in gl.static_range(8):
-            s = gl.load(ws_rows + gl.minimum(k0 + u, num_k - 1) * (CHUNK // 32))
-            smax = gl.maximum(smax, s.to(gl.int32))
-    rmax = gl.expand_dims(gl.max(smax, axis=1), 1)
+    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
     cp.wait_group(RING - 2)
     a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
@@ -334,13 +363,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     gate/up's 32, results/fp4_prefill.md, session 17). Needs num_stages >= 2 with SCALE_RING 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid = gl.program_id(0)
-    num_pid_n = N // BN
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
-    group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -357,14 +380,8 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
                                                  element_bitwidth=32, rank=2)
 
-    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
-    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
-    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
-    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
-              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
-    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
-    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
-               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                   stride_wsn, P_W, BN)
 
     slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
     route_x = gl.load(sorted_ids_ptr + slot_x)
@@ -395,20 +412,12 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     else:  # the decoded pair as two allocations: the barrier analysis tells buffers apart, not slots
         w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
         w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
-    for i in gl.static_range(RING - 1):
-        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
-        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
-        if SCALE_RING:
-            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
-        cp.commit_group()
+    # (no scales ring with SCALE_RING 0: x_ring stands in for it, never touched)
+    _fill_ring(x_ring, w_ring, xs_ring if SCALE_RING else x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src,
+               row_ok_s, RING, SCALE_RING)
 
     num_k = K // CHUNK
-    smax = gl.zeros([BN, 4], gl.int32, S2)
-    for k0 in range(0, num_k, 8):
-        for u in gl.static_range(8):
-            s = gl.load(ws_rows + gl.minimum(k0 + u, num_k - 1) * (CHUNK // 32))
-            smax = gl.maximum(smax, s.to(gl.int32))
-    rmax = gl.expand_dims(gl.max(smax, axis=1), 1)
+    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
     cp.wait_group(RING - 2)
     w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
