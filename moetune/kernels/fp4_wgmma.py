@@ -325,7 +325,8 @@ else:
 def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m,
                 w_cur, w_next_buf, rmax, acc, s_next, xs, MMA: gl.constexpr, P_W: gl.constexpr,
                 W_WORDS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, RING: gl.constexpr):
-    """Chunk k of the SWAP_AB 0 kernel, one wait and one CTA barrier: the copies of chunk k + RING - 1 go out
+    """Chunk k of the SWAP_AB 0 kernel, one wait and two CTA barriers (one here, one the compiler adds for
+    the ring's cp.async writes and the wgmma's read of it): the copies of chunk k + RING - 1 go out
     before anything async reads the ring, the wgmma of chunk k runs under the decode of chunk k + 1 into the
     other buffer (a separate allocation, so no barrier between them), the next activation scales are loaded
     a chunk ahead."""
@@ -359,7 +360,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
     registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies.
     SCALE_RING 1: the activation scales through the ring and a loop that costs four CTA barriers a chunk
-    (the first version, faster for down's 8 chunks on the H200); 0: one barrier a chunk (1.08-1.15x for
+    (the first version, faster for down's 8 chunks on the H200); 0: two a chunk (1.08-1.15x for
     gate/up's 32, results/fp4_prefill.md, session 17). Needs num_stages >= 2 with SCALE_RING 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
@@ -445,7 +446,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
             s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
             part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
             acc += part * xs[:, None]
-    else:  # one wait and one CTA barrier a chunk
+    else:  # one wait and two CTA barriers a chunk
         _store_words(w_even, w0, W_WORDS, BN)
         fence_async_shared()
         s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
