@@ -94,6 +94,14 @@ def test_gluon_config_values_are_checked():
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
     assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
+    assert normalize_config({**GLUON_SMEM, "PERSISTENT": 2})["PERSISTENT"] == 2
+    for bad in ({**GLUON_SMEM, "PERSISTENT": 3}, {**GLUON_SMEM, "PERSISTENT": True}):
+        with pytest.raises(ValueError, match="PERSISTENT"):
+            normalize_config(bad)
+    for other in ({"PERSISTENT": 1}, {**GLUON, "PERSISTENT": 1},
+                  {**GLUON_SMEM, "SCALE_RING": 1, "PERSISTENT": 1}):
+        with pytest.raises(ValueError, match="PERSISTENT 1 is a switch of IMPL 'gluon' with SWAP_AB 0"):
+            normalize_config(other)
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -118,6 +126,9 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     dense = _problem(routes=24576)[1]  # 96 rows an expert: a 256-row tile is in reach
     assert "BLOCK_SIZE_M <= 128" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256}, dense, H200)
     assert spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256, "SCALE_RING": 1}, dense, H200) is None
+    persistent = {**GLUON_SMEM, "PERSISTENT": 1}
+    assert spec.constraint(persistent, _problem(k=512)[1], H200) is None
+    assert "K >= 512" in spec.constraint(persistent, _problem(k=256)[1], H200)
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -127,9 +138,11 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"]) for c in gluon}
+              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["PERSISTENT"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
-    assert {(c["SWAP_AB"], c["SCALE_RING"]) for c in gluon} == {(1, 0), (1, 1), (0, 0), (0, 1)}
+    assert {(c["SWAP_AB"], c["SCALE_RING"], c["PERSISTENT"]) for c in gluon} == {
+        (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 0, 2)}
+    assert not any(c["PERSISTENT"] for c in spec.candidates() if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -149,8 +162,8 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
 
 
 @pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM,
-                                    {**GLUON_SMEM, "SCALE_RING": 1}],
-                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring"])
+                                    {**GLUON_SMEM, "SCALE_RING": 1}, {**GLUON_SMEM, "PERSISTENT": 1}],
+                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-persistent"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -233,4 +246,57 @@ def test_gluon_reads_either_k_order_on_gpu():
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": cfg, "down": {}})
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm, bn, warps, stages, persistent, k, layout", [
+    (128, 128, 8, 3, 1, 1024, "indexed"), (128, 64, 8, 2, 2, 512, "gathered"),
+    (64, 128, 4, 2, 2, 4096, "indexed"), (64, 64, 4, 3, 1, 1024, "gathered"),
+    (128, 32, 4, 2, 1, 768, "indexed")])
+def test_persistent_gives_the_bits_of_a_program_a_tile_on_gpu(bm, bn, warps, stages, persistent, k, layout):
+    """PERSISTENT runs the SWAP_AB 0 SCALE_RING 0 kernel's arithmetic over a stream of tiles: the same bits,
+    every active route's row written (NaN-poisoned beforehand), on problems with several tiles a program
+    (up to ~20 at 64 x 64 tiles), skewed and partly inactive routes, K from 4 to 32 chunks."""
+    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(11)
+    e, n, tokens, top_k = 16, 1024, 768, 4
+    ids, _ = make_routes(tokens, top_k, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
+                         device="cuda")
+    w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
+    q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
+    base = normalize_config({**GLUON_SMEM, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
+                             "num_stages": stages, "A_LAYOUT": layout})
+    align = align_routes(ids, e, bm)
+    outs = []
+    for cfg in (base, {**base, "PERSISTENT": persistent}):
+        out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
+        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
+        outs.append(out)
+    active = ids.flatten() >= 0
+    assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
+    assert torch.equal(outs[1][active], outs[0][active])
+
+
+@pytest.mark.gpu
+def test_persistent_matches_reference_on_gpu():
+    """fp4_prefill_moe with PERSISTENT for both GEMMs (K 1024 and 512) against the fp32 reference."""
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.quant import quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(13)
+    m, h, i, e = 300, 1024, 512, 8
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
+    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
+    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    cfg = {**GLUON_SMEM, "BLOCK_SIZE_N": 64, "PERSISTENT": 1}
+    out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config={"gate_up": cfg, "down": {**cfg, "PERSISTENT": 2}})
+    ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
+    assert torch.isfinite(out).all()
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
