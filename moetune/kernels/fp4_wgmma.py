@@ -485,6 +485,124 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
 
 
 @gluon.jit
+def _half(dec, c, h: gl.constexpr, BN: gl.constexpr):
+    """Half h of chunk c's decoded weights as the wgmma's B operand [CHUNK, BN / 2]."""
+    return dec.index(c % 3).slice(h * (BN // 2), BN // 2).permute((1, 0))
+
+
+@gluon.jit
+def _decode_into(dec, c, w_ring, s, rmax, P_W: gl.constexpr, W_WORDS: gl.constexpr, BN: gl.constexpr,
+                 RING: gl.constexpr):
+    """Chunk c's packed weights (ring) into its decoded buffer, fenced for the wgmma."""
+    _store_words(dec.index(c % 3), _decode_words(w_ring.index(c % RING).load(P_W), s, rmax, BN), W_WORDS, BN)
+    fence_async_shared()
+
+
+@gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
+def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                            num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
+                            stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                            GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                            RING: gl.constexpr, num_warps: gl.constexpr):
+    """SWAP_AB 0, SCALE_RING 0, ``MMA_HALVES``: each chunk's wgmma in two N halves, and the next chunk's first
+    half issued before this one's second half is rescaled, so the tensor cores have the next product queued
+    while the accumulator takes the last one (``fp4_wgmma_smem_kernel`` waits for the whole product, then
+    rescales, then meets the barrier, with the tensor cores idle). Three decoded buffers (chunk c + 1 is
+    decoded while halves of chunks c and c + 1 may still read theirs); copies land two chunks before their
+    weights are decoded, so num_stages >= 3."""
+    BM: gl.constexpr = BLOCK_SIZE_M
+    BN: gl.constexpr = BLOCK_SIZE_N
+    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
+    if pid_m * BM >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
+    MMA_H: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BN // 2, 32])
+    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
+    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
+                                                 element_bitwidth=32, rank=2)
+    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                   stride_wsn, P_W, BN)
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA_H))
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:
+        x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    else:
+        x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    dec = gl.allocate_shared_memory(gl.float8e4nv, [3, BN, CHUNK], W_SMEM)
+    _fill_ring(x_ring, w_ring, x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, RING, False)
+    num_k = K // CHUNK
+    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
+    cp.wait_group(RING - 3)  # chunks 0 and 1 (mine)
+    _decode_into(dec, 0, w_ring, gl.load(ws_rows).to(gl.int32), rmax, P_W, W_WORDS, BN, RING)
+    s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+    xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
+    _barrier()
+    zero = gl.zeros([BM, BN // 2], gl.float32, MMA_H)
+    part_a = warpgroup_mma(x_ring.index(0), _half(dec, 0, 0, BN), zero, use_acc=False, is_async=True)
+    acc_a = zero
+    acc_b = zero
+    for c in range(num_k - 1):
+        part_b = warpgroup_mma(x_ring.index(c % RING), _half(dec, c, 1, BN), zero, use_acc=False,
+                               is_async=True)
+        _decode_into(dec, c + 1, w_ring, s_next, rmax, P_W, W_WORDS, BN, RING)
+        s_next = gl.load(ws_rows + gl.minimum(c + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+        xs_next = gl.load(xs_src + c + 1, mask=row_ok_s, other=0.0)
+        # (the in-flight half stays a wait's operand, never reassigned from one: a loop carries its token)
+        done_a, part_b = warpgroup_mma_wait(num_outstanding=1, deps=[part_a, part_b])
+        acc_a += done_a * xs[:, None]
+        cp.wait_group(RING - 4)  # chunk c + 1's activations, chunk c + 2's packed weights (mine)
+        _barrier()  # everyone's: chunk c + 1 decoded; chunk c - 1's slots read by both its halves
+        kn = gl.minimum(c + RING - 1, num_k - 1)
+        _async_load(x_ring.index((c + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                    mask=row_ok_x[:, None])
+        _async_load(w_ring.index((c + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+        cp.commit_group()
+        part_a = warpgroup_mma(x_ring.index((c + 1) % RING), _half(dec, c + 1, 0, BN), zero, use_acc=False,
+                               is_async=True)
+        done_b, _ = warpgroup_mma_wait(num_outstanding=1, deps=[part_b, part_a])
+        acc_b += done_b * xs[:, None]
+        xs = xs_next
+    part_b = warpgroup_mma(x_ring.index((num_k - 1) % RING), _half(dec, num_k - 1, 1, BN), zero,
+                           use_acc=False, is_async=True)
+    done_a, part_b = warpgroup_mma_wait(num_outstanding=1, deps=[part_a, part_b])
+    acc_a += done_a * xs[:, None]
+    done_b = warpgroup_mma_wait(num_outstanding=0, deps=[part_b])
+    acc_b += done_b * xs[:, None]
+    cp.wait_group(0)
+
+    wf = (gl.reshape(rmax, [BN]) - 1) << 23  # 2^(rmax - 128)
+    PAIRS: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [num_warps, 1], [1, 0])  # both halves' n a thread
+    wf_a, wf_b = gl.split(gl.convert_layout(gl.permute(gl.reshape(wf, [2, BN // 2]), (1, 0)), PAIRS))
+    ok = (route_s < routes)[:, None]
+    for h in gl.static_range(2):
+        n_c = pid_n * BN + h * (BN // 2) + gl.arange(0, BN // 2, gl.SliceLayout(0, MMA_H))
+        c_ptrs = c_ptr + route_s.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
+        if h == 0:
+            acc, wf_h = acc_a, wf_a
+        else:
+            acc, wf_h = acc_b, wf_b
+        wf_h = gl.convert_layout(wf_h, gl.SliceLayout(0, MMA_H)).to(gl.float32, bitcast=True)
+        gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
 def _tile_state(t, N, num_blocks, GROUP_SIZE_M, w_ptr, w_scale_ptr, sorted_ids_ptr, expert_ids_ptr, routes,
                 stride_we, stride_wn, stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
                 X_ROWS: gl.constexpr, S_ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
@@ -674,6 +792,8 @@ def _kernel(config, a_div: int, gathered: bool):
                  num_warps=config["num_warps"])
     if config.get("PERSISTENT", 0):
         return fp4_wgmma_persistent_kernel, const, {}
+    if config.get("MMA_HALVES", 0):
+        return fp4_wgmma_halves_kernel, const, {}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
@@ -718,6 +838,9 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
         raise ValueError(f"config IMPL 'gluon' with PERSISTENT runs SWAP_AB 0, SCALE_RING 0 and K >= 512 "
                          f"(four chunks a tile), got SWAP_AB {config.get('SWAP_AB', 1)}, SCALE_RING "
                          f"{config.get('SCALE_RING', 0)}, K {k}")
+    if config.get("MMA_HALVES", 0) and (config["num_stages"] < 3 or config["BLOCK_SIZE_N"] < 32):
+        raise ValueError(f"config IMPL 'gluon' with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32, "
+                         f"got {config['num_stages']} and {config['BLOCK_SIZE_N']}")
     if not config.get("SWAP_AB", 1) and not config.get("SCALE_RING", 0):
         if config["num_stages"] < 2:
             raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "

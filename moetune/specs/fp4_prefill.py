@@ -35,10 +35,12 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "IMPL": ("triton", "gluon"),
     "SCALE_RING": (0, 1),
     "PERSISTENT": (0, 1, 2),
+    "MMA_HALVES": (0, 1),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
-# PERSISTENT (programs an SM, each over a stream of tiles; 0: a program a tile).
+# PERSISTENT (programs an SM, each over a stream of tiles; 0: a program a tile) and MMA_HALVES (each chunk's
+# wgmma in two N halves, the next chunk's first half queued before the second is rescaled).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -46,7 +48,7 @@ DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
-    "PERSISTENT": 0,
+    "PERSISTENT": 0, "MMA_HALVES": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -91,7 +93,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING"):
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
@@ -116,6 +118,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if cfg["PERSISTENT"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
         raise ValueError(f"config PERSISTENT {cfg['PERSISTENT']} is a switch of IMPL 'gluon' with SWAP_AB 0 "
                          f"and SCALE_RING 0")
+    if cfg["MMA_HALVES"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]
+                              or cfg["PERSISTENT"]):
+        raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0, SCALE_RING 0 and "
+                         "PERSISTENT 0")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -144,7 +150,8 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
-        staged = 0 if cfg["SWAP_AB"] else 2 * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]  # decoded
+        decoded = 3 if cfg.get("MMA_HALVES") else 2
+        staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
         return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
@@ -231,6 +238,8 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 needs num_stages >= 2 (one wait covers two chunks)"
     if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["BLOCK_SIZE_M"] > 128:
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 runs BLOCK_SIZE_M <= 128 (256: misaligned address)"
+    if cfg["MMA_HALVES"] and (cfg["num_stages"] < 3 or cfg["BLOCK_SIZE_N"] < 32):
+        return "IMPL gluon with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32 (halves of >= 16)"
     if cfg["PERSISTENT"] and shape["K"] < 512:
         return f"IMPL gluon with PERSISTENT needs K >= 512 (four chunks a tile), got K {shape['K']}"
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
