@@ -94,19 +94,13 @@ def test_gluon_config_values_are_checked():
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
     assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
-    assert normalize_config({**GLUON_SMEM, "PERSISTENT": 2})["PERSISTENT"] == 2
-    for bad in ({**GLUON_SMEM, "PERSISTENT": 3}, {**GLUON_SMEM, "PERSISTENT": True}):
-        with pytest.raises(ValueError, match="PERSISTENT"):
+    for bad in ({**GLUON_SMEM, "MMA_HALVES": 2}, {**GLUON_SMEM, "MMA_HALVES": True}):
+        with pytest.raises(ValueError, match="MMA_HALVES must be"):
             normalize_config(bad)
     halves = {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3}
     assert normalize_config(halves)["MMA_HALVES"] == 1
-    for other in ({**halves, "PERSISTENT": 1}, {**halves, "SWAP_AB": 1}, {**halves, "SCALE_RING": 1},
-                  {"MMA_HALVES": 1}):
+    for other in ({**halves, "SWAP_AB": 1}, {**halves, "SCALE_RING": 1}, {"MMA_HALVES": 1}):
         with pytest.raises(ValueError, match="MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0"):
-            normalize_config(other)
-    for other in ({"PERSISTENT": 1}, {**GLUON, "PERSISTENT": 1},
-                  {**GLUON_SMEM, "SCALE_RING": 1, "PERSISTENT": 1}):
-        with pytest.raises(ValueError, match="PERSISTENT 1 is a switch of IMPL 'gluon' with SWAP_AB 0"):
             normalize_config(other)
 
 
@@ -132,9 +126,6 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     dense = _problem(routes=24576)[1]  # 96 rows an expert: a 256-row tile is in reach
     assert "BLOCK_SIZE_M <= 128" in spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256}, dense, H200)
     assert spec.constraint({**GLUON_SMEM, "BLOCK_SIZE_M": 256, "SCALE_RING": 1}, dense, H200) is None
-    persistent = {**GLUON_SMEM, "PERSISTENT": 1}
-    assert spec.constraint(persistent, _problem(k=512)[1], H200) is None
-    assert "K >= 512" in spec.constraint(persistent, _problem(k=256)[1], H200)
     halves = {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3}
     assert spec.constraint(halves, problem, H200) is None
     for tile in ({"num_stages": 2}, {"BLOCK_SIZE_N": 16}):
@@ -148,11 +139,11 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["PERSISTENT"], c["MMA_HALVES"]) for c in gluon}
+              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
-    assert {(c["SWAP_AB"], c["SCALE_RING"], c["PERSISTENT"], c["MMA_HALVES"]) for c in gluon} == {
-        (1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 2, 0), (0, 0, 0, 1)}
-    assert not any(c["PERSISTENT"] or c["MMA_HALVES"] for c in spec.candidates() if c["IMPL"] != "gluon")
+    assert {(c["SWAP_AB"], c["SCALE_RING"], c["MMA_HALVES"]) for c in gluon} == {
+        (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 1)}
+    assert not any(c["MMA_HALVES"] for c in spec.candidates() if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -172,10 +163,9 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
 
 
 @pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM,
-                                    {**GLUON_SMEM, "SCALE_RING": 1}, {**GLUON_SMEM, "PERSISTENT": 1},
+                                    {**GLUON_SMEM, "SCALE_RING": 1},
                                     {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3}],
-                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-persistent",
-                              "smem-mma-halves"])
+                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -262,17 +252,13 @@ def test_gluon_reads_either_k_order_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bm, bn, warps, stages, switch, k, layout", [
-    (128, 128, 8, 3, {"PERSISTENT": 1}, 1024, "indexed"), (128, 64, 8, 2, {"PERSISTENT": 2}, 512, "gathered"),
-    (64, 128, 4, 2, {"PERSISTENT": 2}, 4096, "indexed"), (64, 64, 4, 3, {"PERSISTENT": 1}, 1024, "gathered"),
-    (128, 32, 4, 2, {"PERSISTENT": 1}, 768, "indexed"), (128, 128, 8, 3, {"MMA_HALVES": 1}, 1024, "indexed"),
-    (128, 64, 8, 4, {"MMA_HALVES": 1}, 256, "gathered"), (64, 128, 4, 3, {"MMA_HALVES": 1}, 4096, "indexed"),
-    (128, 32, 4, 3, {"MMA_HALVES": 1}, 768, "indexed")])
-def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, stages, switch, k, layout):
-    """PERSISTENT (the SWAP_AB 0 SCALE_RING 0 arithmetic over a stream of tiles) gives the plain loop's bits,
-    MMA_HALVES (each wgmma in two N halves) its numbers to fp32 rounding; every active route's row written
-    (NaN-poisoned beforehand), several tiles a program (up to ~20 at 64 x 64 tiles), skewed and partly
-    inactive routes, K from 2 to 32 chunks."""
+@pytest.mark.parametrize("bm, bn, warps, stages, k, layout", [
+    (128, 128, 8, 3, 1024, "indexed"), (128, 64, 8, 4, 256, "gathered"), (64, 128, 4, 3, 4096, "indexed"),
+    (128, 32, 4, 3, 768, "indexed"), (64, 64, 4, 3, 512, "gathered")])
+def test_mma_halves_gives_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, stages, k, layout):
+    """MMA_HALVES (each wgmma in two N halves, the SWAP_AB 0 SCALE_RING 0 arithmetic otherwise) against the
+    plain loop, to fp32 rounding; every active route's row written (NaN-poisoned beforehand), skewed and
+    partly inactive routes, K from 2 to 32 chunks (the pipeline's shortest and longest)."""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
@@ -288,22 +274,18 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, 
                              "num_stages": stages, "A_LAYOUT": layout})
     align = align_routes(ids, e, bm)
     outs = []
-    for cfg in (base, {**base, **switch}):
+    for cfg in (base, {**base, "MMA_HALVES": 1}):
         out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
         grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)
     active = ids.flatten() >= 0
     assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
-    if "PERSISTENT" in switch:
-        assert torch.equal(outs[1][active], outs[0][active])
-    else:
-        torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.gpu
-def test_smem_variants_match_reference_on_gpu():
-    """fp4_prefill_moe with PERSISTENT (gate/up, K 1024) and MMA_HALVES (down, K 512) against the fp32
-    reference."""
+def test_mma_halves_matches_reference_on_gpu():
+    """fp4_prefill_moe with MMA_HALVES for both GEMMs (K 1024 and 512) against the fp32 reference."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import quantize_mxfp4
     from moetune.routing import make_routes
@@ -315,7 +297,7 @@ def test_smem_variants_match_reference_on_gpu():
     w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
     ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
     cfg = {**GLUON_SMEM, "BLOCK_SIZE_N": 64, "num_stages": 3}
-    config = {"gate_up": {**cfg, "PERSISTENT": 1}, "down": {**cfg, "MMA_HALVES": 1}}
+    config = {"gate_up": {**cfg, "MMA_HALVES": 1}, "down": {**cfg, "BLOCK_SIZE_N": 128, "MMA_HALVES": 1}}
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
     assert torch.isfinite(out).all()

@@ -33,8 +33,6 @@ results/fp4_prefill.md, session 16.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -121,46 +119,32 @@ def _operand(w, A_OP: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _tile_of(t, N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
-    """Tile t's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
+def _tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+    """This program's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
+    pid = gl.program_id(0)
     num_pid_n = N // BN
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (t // num_pid_in_group) * GROUP_SIZE_M
+    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
     group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((t % num_pid_in_group) % group_size_m)
-    pid_n = (t % num_pid_in_group) // group_size_m
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
     return pid_m, pid_n
-
-
-@gluon.jit
-def _tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
-    """This program's (M-block, N-tile)."""
-    return _tile_of(gl.program_id(0), N, num_blocks, GROUP_SIZE_M, BN)
-
-
-@gluon.jit
-def _weight_offsets(stride_wn, stride_wsn, P_W: gl.constexpr, BN: gl.constexpr):
-    """Within an N tile, chunk 0: the packed words' offsets [BN, 4(q), 4(b)] in P_W, the group scales'
-    [BN, 4(q)]."""
-    S2: gl.constexpr = gl.SliceLayout(2, P_W)
-    n_w = gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
-    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
-    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
-    w_off = (gl.expand_dims(gl.expand_dims(n_w * stride_wn, 1), 2)
-             + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
-    n_g = gl.arange(0, BN, gl.SliceLayout(1, S2))
-    ws_off = gl.expand_dims(n_g * stride_wsn, 1) + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0)
-    return w_off, ws_off
 
 
 @gluon.jit
 def _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse, stride_wsn,
                  P_W: gl.constexpr, BN: gl.constexpr):
     """The N tile's chunk-0 pointers: packed words [BN, 4(q), 4(b)] in P_W, group scales [BN, 4(q)]."""
-    w_off, ws_off = _weight_offsets(stride_wn, stride_wsn, P_W, BN)
-    n0 = (pid_n * BN).to(gl.int64)
-    return (w_ptr + expert * stride_we + n0 * stride_wn + w_off,
-            w_scale_ptr + expert * stride_wse + n0 * stride_wsn + ws_off)
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
+    q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
+    b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
+    w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
+              + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
+    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
+    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
+               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
+    return w_rows, ws_rows
 
 
 @gluon.jit
@@ -602,179 +586,6 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
         gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=ok)
 
 
-@gluon.jit
-def _tile_state(t, N, num_blocks, GROUP_SIZE_M, w_ptr, w_scale_ptr, sorted_ids_ptr, expert_ids_ptr, routes,
-                stride_we, stride_wn, stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
-                X_ROWS: gl.constexpr, S_ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """What the persistent kernel keeps of tile t: its weight bases (packed words, scales), its N-tile, the
-    activation row of each M-block row and whether it is a route, for the copies (X_ROWS) and for the
-    scales (S_ROWS), and the routes (S_ROWS: the epilogue's rows)."""
-    pid_m, pid_n = _tile_of(t, N, num_blocks, GROUP_SIZE_M, BN)
-    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
-    n0 = (pid_n * BN).to(gl.int64)
-    slot_x = pid_m * BM + gl.arange(0, BM, X_ROWS)
-    route_x = gl.load(sorted_ids_ptr + slot_x)
-    slot_s = pid_m * BM + gl.arange(0, BM, S_ROWS)
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    if GATHERED:
-        row_x = slot_x
-        row_s = slot_s
-    else:
-        row_x = gl.where(route_x < routes, route_x // A_DIV, 0)
-        row_s = gl.where(route_s < routes, route_s // A_DIV, 0)
-    return (w_ptr + expert * stride_we + n0 * stride_wn, w_scale_ptr + expert * stride_wse + n0 * stride_wsn,
-            pid_n, row_x, route_x < routes, row_s, route_s)
-
-
-@gluon.jit
-def _scale_chunk(ws_rows, c, num_k):
-    """The group scales of chunk c, zeros past the last chunk."""
-    return gl.load(ws_rows + c * (CHUNK // 32), mask=c < num_k, other=0)
-
-
-@gluon.jit
-def _persistent_chunk(g, k, num_k, x_ring, w_ring, w_cur, w_next_buf, a_ptr, a_scale_ptr, stride_am,
-                      stride_asm, routes, cols_x, w_off, ws_off, w_base, ws_base, row_x, ok_x, row_s, route_s,
-                      nw_base, nws_base, nrow_x, nok_x, nrow_s, nroute_s, rmax, nrmax, acc, s_next, xs,
-                      MMA: gl.constexpr, P_W: gl.constexpr, W_WORDS: gl.constexpr, BM: gl.constexpr,
-                      BN: gl.constexpr, RING: gl.constexpr):
-    """``_smem_chunk`` on a stream of chunks that runs on into the next tile (``n*``): chunk k of the
-    current tile is the program's g-th (ring slots and decoded buffers follow g); the copies, the decode
-    and the scale loads that fall past the tile's last chunk take the next tile's rows, weights and
-    largest scales."""
-    cp.wait_group(RING - 3)
-    _barrier()
-    kc = k + RING - 1
-    here = kc < num_k
-    kc = gl.where(here, kc, kc - num_k)
-    rows = gl.where(here, row_x, nrow_x).to(gl.int64)
-    _async_load(x_ring.index((g + RING - 1) % RING), a_ptr + rows[:, None] * stride_am + kc * CHUNK
-                + cols_x[None, :], mask=gl.where(here, ok_x, nok_x)[:, None])
-    _async_load(w_ring.index((g + RING - 1) % RING),
-                gl.where(here, w_base, nw_base) + w_off + kc * (CHUNK // 8))
-    cp.commit_group()
-    part = warpgroup_mma(x_ring.index(g % RING), w_cur.permute((1, 0)),
-                         gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
-    here1 = k + 1 < num_k
-    w_next = _decode_words(w_ring.index((g + 1) % RING).load(P_W), s_next, gl.where(here1, rmax, nrmax), BN)
-    _store_words(w_next_buf, w_next, W_WORDS, BN)
-    fence_async_shared()
-    here2 = k + 2 < num_k
-    s_next = gl.load(gl.where(here2, ws_base, nws_base) + ws_off
-                     + gl.where(here2, k + 2, k + 2 - num_k) * (CHUNK // 32)).to(gl.int32)
-    xs_rows = gl.where(here1, row_s, nrow_s).to(gl.int64)
-    xs_next = gl.load(a_scale_ptr + xs_rows * stride_asm + gl.where(here1, k + 1, 0),
-                      mask=gl.where(here1, route_s, nroute_s) < routes, other=0.0)
-    part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
-    acc += part * xs[:, None]
-    return acc, s_next, xs_next
-
-
-@gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
-def fp4_wgmma_persistent_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr,
-                                expert_ids_ptr, num_padded_ptr, N, K, routes, num_blocks, stride_am,
-                                stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, stride_cm,
-                                GROUP_SIZE_M, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
-                                BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr, RING: gl.constexpr,
-                                num_warps: gl.constexpr):
-    """SWAP_AB 0, SCALE_RING 0, persistent (``PERSISTENT``): each program takes every grid-th tile and runs
-    their chunks as one stream, so the next tile's first copies and decode go on under the current tile's
-    last chunks and its epilogue, instead of each tile starting cold (its row loads, its copies, its largest
-    scales, its first decode: a fixed cost that weighs on down's eight chunks a tile). The next tile's
-    largest scales are folded in four chunks a pair, from the second chunk on. K >= 512 (four chunks:
-    the copies run at most one tile ahead, the fold ends in time)."""
-    BM: gl.constexpr = BLOCK_SIZE_M
-    BN: gl.constexpr = BLOCK_SIZE_N
-    num_tiles = gl.load(num_padded_ptr) // BM * (N // BN)
-    pid = gl.program_id(0)
-    grid = gl.num_programs(0)
-    if pid >= num_tiles:
-        return
-    blocks = num_tiles // (N // BN)
-
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 32])
-    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
-    S2: gl.constexpr = gl.SliceLayout(2, P_W)
-    X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
-    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LOAD)
-    S_ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
-    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
-                                                 element_bitwidth=32, rank=2)
-    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
-                                       gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
-    w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
-    w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
-    w_off, ws_off = _weight_offsets(stride_wn, stride_wsn, P_W, BN)
-    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
-    num_k = K // CHUNK
-
-    # the first tile, started cold; the next one's state (any valid tile when there is none)
-    w_base, ws_base, pid_n, row_x, ok_x, row_s, route_s = _tile_state(
-        pid, N, blocks, GROUP_SIZE_M, w_ptr, w_scale_ptr, sorted_ids_ptr, expert_ids_ptr, routes,
-        stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, X_ROWS, S_ROWS, BM, BN)
-    t_next = gl.where(pid + grid < num_tiles, pid + grid, pid)
-    nw_base, nws_base, npid_n, nrow_x, nok_x, nrow_s, nroute_s = _tile_state(
-        t_next, N, blocks, GROUP_SIZE_M, w_ptr, w_scale_ptr, sorted_ids_ptr, expert_ids_ptr, routes,
-        stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, X_ROWS, S_ROWS, BM, BN)
-    for i in gl.static_range(RING - 1):
-        _async_load(x_ring.index(i), a_ptr + row_x.to(gl.int64)[:, None] * stride_am + i * CHUNK
-                    + cols_x[None, :], mask=ok_x[:, None])
-        _async_load(w_ring.index(i), w_base + w_off + i * (CHUNK // 8))
-        cp.commit_group()
-    rmax = _row_max_scale(ws_base + ws_off, num_k, S2, BN)
-    cp.wait_group(RING - 2)
-    w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_base + ws_off).to(gl.int32), rmax, BN)
-    _store_words(w_even, w0, W_WORDS, BN)
-    fence_async_shared()
-    s_next = gl.load(ws_base + ws_off + CHUNK // 32).to(gl.int32)
-    xs = gl.load(a_scale_ptr + row_s.to(gl.int64) * stride_asm, mask=route_s < routes, other=0.0)
-    acc = gl.zeros([BM, BN], gl.float32, MMA)
-    g = 0
-    for t in range(pid, num_tiles, grid):
-        nmax = gl.zeros([BN, 4], gl.int32, S2)  # the next tile's largest scales, folded as they come
-        for k0 in range(0, num_k, 2):
-            nrmax = gl.expand_dims(gl.max(nmax, axis=1), 1)
-            acc, s_next, xs = _persistent_chunk(
-                g, k0, num_k, x_ring, w_ring, w_even, w_odd, a_ptr, a_scale_ptr, stride_am, stride_asm,
-                routes, cols_x, w_off, ws_off, w_base, ws_base, row_x, ok_x, row_s, route_s, nw_base,
-                nws_base, nrow_x, nok_x, nrow_s, nroute_s, rmax, nrmax, acc, s_next, xs, MMA, P_W, W_WORDS,
-                BM, BN, RING)
-            # four of the next tile's scale chunks, issued once its state is surely in (a chunk after the
-            # tile began), folded a chunk later: all of them in before the last chunk's decode needs them
-            f0 = _scale_chunk(nws_base + ws_off, 2 * k0, num_k)
-            f1 = _scale_chunk(nws_base + ws_off, 2 * k0 + 1, num_k)
-            f2 = _scale_chunk(nws_base + ws_off, 2 * k0 + 2, num_k)
-            f3 = _scale_chunk(nws_base + ws_off, 2 * k0 + 3, num_k)
-            acc, s_next, xs = _persistent_chunk(
-                g + 1, k0 + 1, num_k, x_ring, w_ring, w_odd, w_even, a_ptr, a_scale_ptr, stride_am,
-                stride_asm, routes, cols_x, w_off, ws_off, w_base, ws_base, row_x, ok_x, row_s, route_s,
-                nw_base, nws_base, nrow_x, nok_x, nrow_s, nroute_s, rmax, nrmax, acc, s_next, xs, MMA, P_W,
-                W_WORDS, BM, BN, RING)
-            f = gl.maximum(gl.maximum(f0, f1), gl.maximum(f2, f3))
-            nmax = gl.maximum(nmax, f.to(gl.int32))
-            g += 2
-
-        wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
-        n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
-        c_ptrs = c_ptr + route_s.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-        gl.store(c_ptrs, (acc * wf.to(gl.float32, bitcast=True)[None, :]).to(c_ptr.dtype.element_ty),
-                 mask=(route_s < routes)[:, None])
-        acc = gl.zeros([BM, BN], gl.float32, MMA)
-
-        w_base, ws_base, pid_n, row_x, ok_x, row_s, route_s = (nw_base, nws_base, npid_n, nrow_x, nok_x,
-                                                               nrow_s, nroute_s)
-        rmax = gl.expand_dims(gl.max(nmax, axis=1), 1)
-        t_next = gl.where(t + 2 * grid < num_tiles, t + 2 * grid, t)
-        nw_base, nws_base, npid_n, nrow_x, nok_x, nrow_s, nroute_s = _tile_state(
-            t_next, N, blocks, GROUP_SIZE_M, w_ptr, w_scale_ptr, sorted_ids_ptr, expert_ids_ptr, routes,
-            stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, X_ROWS, S_ROWS, BM, BN)
-    cp.wait_group(0)
-
-
 def _maxnreg(config) -> dict:
     """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: at 168
     three CTAs an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session
@@ -786,12 +597,11 @@ def _maxnreg(config) -> dict:
 
 def _kernel(config, a_div: int, gathered: bool):
     """The kernel a config runs (SWAP_AB: weights as the wgmma's M side, in registers; else through shared
-    memory; PERSISTENT: that one over a stream of tiles), its constexpr arguments and launch options."""
+    memory; MMA_HALVES: that one with each chunk's product in two halves), its constexpr arguments and launch
+    options."""
     const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
                  BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
                  num_warps=config["num_warps"])
-    if config.get("PERSISTENT", 0):
-        return fp4_wgmma_persistent_kernel, const, {}
     if config.get("MMA_HALVES", 0):
         return fp4_wgmma_halves_kernel, const, {}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
@@ -822,11 +632,6 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
                                                                            **options})
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def check_problem(k: int, w: torch.Tensor, config) -> None:
     """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
     SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256 or N of BLOCK_SIZE_N, packed
@@ -834,10 +639,6 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
     bn, n = config["BLOCK_SIZE_N"], w.shape[1]
-    if config.get("PERSISTENT", 0) and (config.get("SWAP_AB", 1) or config.get("SCALE_RING", 0) or k < 512):
-        raise ValueError(f"config IMPL 'gluon' with PERSISTENT runs SWAP_AB 0, SCALE_RING 0 and K >= 512 "
-                         f"(four chunks a tile), got SWAP_AB {config.get('SWAP_AB', 1)}, SCALE_RING "
-                         f"{config.get('SCALE_RING', 0)}, K {k}")
     if config.get("MMA_HALVES", 0) and (config["num_stages"] < 3 or config["BLOCK_SIZE_N"] < 32):
         raise ValueError(f"config IMPL 'gluon' with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32, "
                          f"got {config['num_stages']} and {config['BLOCK_SIZE_N']}")
@@ -874,10 +675,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered)
-    tiles = align.max_blocks * (n // bn)
-    if config.get("PERSISTENT", 0):
-        tiles = min(tiles, config["PERSISTENT"] * _sm_count(a.device))
-    kernel[(tiles,)](
+    kernel[(align.max_blocks * (n // bn),)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
         w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)

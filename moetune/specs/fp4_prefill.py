@@ -34,13 +34,12 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "A_QUADS": (0, 1),
     "IMPL": ("triton", "gluon"),
     "SCALE_RING": (0, 1),
-    "PERSISTENT": (0, 1, 2),
     "MMA_HALVES": (0, 1),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
-# PERSISTENT (programs an SM, each over a stream of tiles; 0: a program a tile) and MMA_HALVES (each chunk's
-# wgmma in two N halves, the next chunk's first half queued before the second is rescaled).
+# MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
+# rescaled).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -48,7 +47,7 @@ DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
-    "PERSISTENT": 0, "MMA_HALVES": 0,
+    "MMA_HALVES": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -113,15 +112,8 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
                          f"'fp8_row', got {cfg['DECODE']!r}")
     if cfg["SCALE_RING"] and cfg["IMPL"] != "gluon":
         raise ValueError("config SCALE_RING 1 is a switch of IMPL 'gluon' (activation scales by cp.async)")
-    if isinstance(cfg["PERSISTENT"], bool):
-        raise ValueError(f"config PERSISTENT must be 0, 1 or 2 (programs an SM), got {cfg['PERSISTENT']!r}")
-    if cfg["PERSISTENT"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
-        raise ValueError(f"config PERSISTENT {cfg['PERSISTENT']} is a switch of IMPL 'gluon' with SWAP_AB 0 "
-                         f"and SCALE_RING 0")
-    if cfg["MMA_HALVES"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]
-                              or cfg["PERSISTENT"]):
-        raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0, SCALE_RING 0 and "
-                         "PERSISTENT 0")
+    if cfg["MMA_HALVES"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
+        raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -240,8 +232,6 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 runs BLOCK_SIZE_M <= 128 (256: misaligned address)"
     if cfg["MMA_HALVES"] and (cfg["num_stages"] < 3 or cfg["BLOCK_SIZE_N"] < 32):
         return "IMPL gluon with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32 (halves of >= 16)"
-    if cfg["PERSISTENT"] and shape["K"] < 512:
-        return f"IMPL gluon with PERSISTENT needs K >= 512 (four chunks a tile), got K {shape['K']}"
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
     if cfg[side] % (16 * cfg["num_warps"]):
         return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
