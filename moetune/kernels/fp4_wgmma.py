@@ -27,6 +27,11 @@ registers instead of 168 (capped; the launcher caps SCALE_RING's at 128, four CT
 loop instructions instead of 447, BM64 208 without spill instead of 255, BM128 BN128 13 spilled loads instead
 of 305. On the H200 (session 17) 1.09-1.14x the SCALE_RING 0 kernel's time at 1536-12288 routes for gate/up.
 
+``MMA_HALVES`` (SWAP_AB 0): each chunk's product in two N halves, the next chunk's first half queued before
+this one's second half is rescaled; on the H200 faster only with 64-row tiles (gate/up at 37-59 rows an
+expert, session 18). A persistent version of the SWAP_AB 0 kernel was slower at every point measured and was
+removed (results/fp4_prefill.md, session 18).
+
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
 """
