@@ -153,6 +153,26 @@ def _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride
 
 
 @gluon.jit
+def _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV: gl.constexpr,
+                GATHERED: gl.constexpr, X_LOAD: gl.constexpr, S_ROWS: gl.constexpr, BM: gl.constexpr):
+    """The M-block's activation rows (pointers [BM, 1] in X_LOAD, for the copies) and scale pointers (S_ROWS),
+    each with whether the row is a route; and the routes in S_ROWS."""
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_s = pid_m * BM + gl.arange(0, BM, S_ROWS)
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:  # rows copied into slot order beforehand
+        x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    else:
+        x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    return x_rows, row_ok_x, xs_src, row_ok_s, route_s
+
+
+@gluon.jit
 def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
     """The largest scale code of each weight row [BN, 1], eight loads in flight at a time."""
     smax = gl.zeros([BN, 4], gl.int32, S2)
@@ -389,24 +409,13 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                    stride_wsn, P_W, BN)
 
-    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
-    route_x = gl.load(sorted_ids_ptr + slot_x)
-    row_ok_x = route_x < routes
     if SCALE_RING:  # the activation scales by cp.async, one per row of the M-block
-        XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
-        route_s = gl.load(sorted_ids_ptr + slot_s)
-        row_ok_s = route_s < routes
+        S_ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     else:  # loaded a chunk ahead, each thread those of its accumulator rows
-        slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
-        route_s = gl.load(sorted_ids_ptr + slot_s)
-        row_ok_s = route_s < routes
-    if GATHERED:
-        x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
-    else:
-        x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+        S_ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    x_rows, row_ok_x, xs_src, row_ok_s, _ = _block_rows(
+        pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
+        S_ROWS, BM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
@@ -517,18 +526,9 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
                                                  element_bitwidth=32, rank=2)
     w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                    stride_wsn, P_W, BN)
-    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
-    route_x = gl.load(sorted_ids_ptr + slot_x)
-    row_ok_x = route_x < routes
-    slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA_H))
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    row_ok_s = route_s < routes
-    if GATHERED:
-        x_rows = a_ptr + slot_x.to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
-    else:
-        x_rows = a_ptr + gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)[:, None] * stride_am
-        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    x_rows, row_ok_x, xs_src, row_ok_s, route_s = _block_rows(
+        pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
+        gl.SliceLayout(1, MMA_H), BM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
 
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
