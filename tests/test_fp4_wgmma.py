@@ -102,6 +102,15 @@ def test_gluon_config_values_are_checked():
     for other in ({**halves, "SWAP_AB": 1}, {**halves, "SCALE_RING": 1}, {"MMA_HALVES": 1}):
         with pytest.raises(ValueError, match="MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0"):
             normalize_config(other)
+    ws = {**GLUON_SMEM, "DECODE_WARPS": 4}
+    assert normalize_config(ws)["DECODE_WARPS"] == 4
+    for bad in ({**ws, "DECODE_WARPS": 8}, {**ws, "DECODE_WARPS": True}):
+        with pytest.raises(ValueError, match="DECODE_WARPS must be"):
+            normalize_config(bad)
+    for other in ({**ws, "SWAP_AB": 1}, {**ws, "SCALE_RING": 1}, {**ws, "MMA_HALVES": 1, "num_stages": 3},
+                  {"DECODE_WARPS": 4}):
+        with pytest.raises(ValueError, match="DECODE_WARPS 4 is a switch of IMPL 'gluon' with SWAP_AB 0"):
+            normalize_config(other)
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -130,6 +139,9 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     assert spec.constraint(halves, problem, H200) is None
     for tile in ({"num_stages": 2}, {"BLOCK_SIZE_N": 16}):
         assert "MMA_HALVES needs num_stages >= 3" in spec.constraint({**halves, **tile}, problem, H200)
+    ws = {**GLUON_SMEM, "DECODE_WARPS": 4}
+    assert spec.constraint(ws, problem, H200) is None
+    assert "BLOCK_SIZE_M <= 128" in spec.constraint({**ws, "BLOCK_SIZE_M": 256}, dense, H200)
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -139,11 +151,12 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"]) for c in gluon}
+              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"])
+             for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
-    assert {(c["SWAP_AB"], c["SCALE_RING"], c["MMA_HALVES"]) for c in gluon} == {
-        (1, 0, 0), (1, 1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 1)}
-    assert not any(c["MMA_HALVES"] for c in spec.candidates() if c["IMPL"] != "gluon")
+    assert {(c["SWAP_AB"], c["SCALE_RING"], c["MMA_HALVES"], c["DECODE_WARPS"]) for c in gluon} == {
+        (1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 4)}
+    assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] for c in spec.candidates() if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -164,8 +177,10 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
 
 @pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM,
                                     {**GLUON_SMEM, "SCALE_RING": 1},
-                                    {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3}],
-                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves"])
+                                    {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3},
+                                    {**GLUON_SMEM, "DECODE_WARPS": 4}],
+                         ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
+                              "smem-decode-warps"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -190,6 +205,8 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     assert got["async"] and got["wgmma"]
     ring = config["num_stages"] + 1  # activation and packed-weight chunks, and SWAP_AB 0's decoded pair
     staged = 0 if config["SWAP_AB"] else (2 + config.get("MMA_HALVES", 0)) * config["BLOCK_SIZE_N"] * 128
+    if config.get("DECODE_WARPS"):  # a decoded buffer a slot, one packed-weight slot fewer
+        staged = ring * config["BLOCK_SIZE_N"] * 128 - config["BLOCK_SIZE_N"] * 64
     assert got["shared"] >= ring * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"] // 2) * 128 + staged
 
 
@@ -252,13 +269,16 @@ def test_gluon_reads_either_k_order_on_gpu():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bm, bn, warps, stages, k, layout", [
-    (128, 128, 8, 3, 1024, "indexed"), (128, 64, 8, 4, 256, "gathered"), (64, 128, 4, 3, 4096, "indexed"),
-    (128, 32, 4, 3, 768, "indexed"), (64, 64, 4, 3, 512, "gathered")])
-def test_mma_halves_gives_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, stages, k, layout):
-    """MMA_HALVES (each wgmma in two N halves, the SWAP_AB 0 SCALE_RING 0 arithmetic otherwise) against the
-    plain loop, to fp32 rounding; every active route's row written (NaN-poisoned beforehand), skewed and
-    partly inactive routes, K from 2 to 32 chunks (the pipeline's shortest and longest)."""
+@pytest.mark.parametrize("switch, bm, bn, warps, stages, k, layout", [
+    ("MMA_HALVES", 128, 128, 8, 3, 1024, "indexed"), ("MMA_HALVES", 128, 64, 8, 4, 256, "gathered"),
+    ("MMA_HALVES", 64, 128, 4, 3, 4096, "indexed"), ("MMA_HALVES", 128, 32, 4, 3, 768, "indexed"),
+    ("MMA_HALVES", 64, 64, 4, 3, 512, "gathered"), ("DECODE_WARPS", 128, 128, 8, 2, 1024, "indexed"),
+    ("DECODE_WARPS", 128, 64, 8, 3, 256, "gathered"), ("DECODE_WARPS", 64, 128, 4, 3, 4096, "indexed"),
+    ("DECODE_WARPS", 128, 32, 4, 1, 768, "indexed"), ("DECODE_WARPS", 64, 64, 4, 2, 512, "gathered")])
+def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn, warps, stages, k, layout):
+    """MMA_HALVES (each wgmma in two N halves) and DECODE_WARPS (a warp-specialized decode partition) run the
+    SWAP_AB 0 SCALE_RING 0 arithmetic: against the plain loop, to fp32 rounding; every active route's row
+    written (NaN-poisoned beforehand), skewed and partly inactive routes, K from 2 to 32 chunks."""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
@@ -271,10 +291,10 @@ def test_mma_halves_gives_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, st
     w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
     q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
     base = normalize_config({**GLUON_SMEM, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
-                             "num_stages": stages, "A_LAYOUT": layout})
+                             "num_stages": max(stages, 2), "A_LAYOUT": layout})
     align = align_routes(ids, e, bm)
     outs = []
-    for cfg in (base, {**base, "MMA_HALVES": 1}):
+    for cfg in (base, {**base, "num_stages": stages, switch: 4 if switch == "DECODE_WARPS" else 1}):
         out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
         grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)
@@ -284,8 +304,10 @@ def test_mma_halves_gives_the_numbers_of_the_plain_loop_on_gpu(bm, bn, warps, st
 
 
 @pytest.mark.gpu
-def test_mma_halves_matches_reference_on_gpu():
-    """fp4_prefill_moe with MMA_HALVES for both GEMMs (K 1024 and 512) against the fp32 reference."""
+@pytest.mark.parametrize("switch", ["MMA_HALVES", "DECODE_WARPS"])
+def test_smem_variants_match_reference_on_gpu(switch):
+    """fp4_prefill_moe with MMA_HALVES or DECODE_WARPS for both GEMMs (K 1024 and 512) against the fp32
+    reference."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import quantize_mxfp4
     from moetune.routing import make_routes
@@ -297,7 +319,8 @@ def test_mma_halves_matches_reference_on_gpu():
     w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
     ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
     cfg = {**GLUON_SMEM, "BLOCK_SIZE_N": 64, "num_stages": 3}
-    config = {"gate_up": {**cfg, "MMA_HALVES": 1}, "down": {**cfg, "BLOCK_SIZE_N": 128, "MMA_HALVES": 1}}
+    on = {switch: 4 if switch == "DECODE_WARPS" else 1}
+    config = {"gate_up": {**cfg, **on}, "down": {**cfg, "BLOCK_SIZE_N": 128, **on}}
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
     assert torch.isfinite(out).all()

@@ -46,6 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -58,6 +59,7 @@ from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # the CTA barrier (renamed after Triton 3.6)
 CHUNK = gl.constexpr(128)  # K per wgmma: one activation scale group
+DECODE_REGS = gl.constexpr(112)  # a thread of DECODE_WARPS' decode partition (the MMA warps get the rest)
 # The lut PTX for one packed word per call ($2; pools $3, $4) -> the e4m3 words of k0-3 ($0) and k4-7 ($1).
 _LUT_WORD_ASM = gl.constexpr(_E2M1_TO_E4M3_LUT_ASM.value.replace("$7", "$4"))
 
@@ -146,10 +148,15 @@ def _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride
     b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
     w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
               + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
+    return w_rows, _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2, BN)
+
+
+@gluon.jit
+def _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2: gl.constexpr, BN: gl.constexpr):
+    """The N tile's chunk-0 group scale pointers [BN, 4(q)] in S2."""
     n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
-    ws_rows = (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
-               + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
-    return w_rows, ws_rows
+    return (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
+            + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
 
 
 @gluon.jit
@@ -591,6 +598,134 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
         gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=ok)
 
 
+@gluon.jit
+def _ws_mma(x_ring, dec, ready, empty, a_scale_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
+            K, routes, stride_asm, stride_wse, stride_wsn, stride_cm, A_DIV: gl.constexpr,
+            GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+            num_warps: gl.constexpr):
+    """DECODE_WARPS' default partition (BM / 16 warps): each chunk's wgmma once its activations and decoded
+    weights are in (``ready``), the slot given back (``empty``) as soon as the product is waited for, then
+    the rescale; the epilogue."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 32])
+    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    num_k = K // CHUNK
+    ws_rows = _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2, BN)
+    rmax = _row_max_scale(ws_rows, num_k, S2, BN)  # for the epilogue's row factor (the decoders have theirs)
+    slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    else:
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+    xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
+    zero = gl.zeros([BM, BN], gl.float32, MMA)
+    acc = zero
+    for c in range(num_k):
+        mbarrier.wait(ready.index(c % NBUF), (c // NBUF) & 1)
+        part = warpgroup_mma(x_ring.index(c % NBUF), dec.index(c % NBUF).permute((1, 0)), zero, use_acc=False,
+                             is_async=True)
+        xs_next = gl.load(xs_src + gl.minimum(c + 1, num_k - 1), mask=row_ok_s, other=0.0)
+        part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
+        _barrier()  # both warpgroups' products (the arrive is one thread's)
+        mbarrier.arrive(empty.index(c % NBUF), count=1)
+        acc += part * xs[:, None]
+        xs = xs_next
+    wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
+    n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
+    c_ptrs = c_ptr + route_s.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
+    out = acc * wf.to(gl.float32, bitcast=True)[None, :]
+    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok_s[:, None])
+
+
+@gluon.jit
+def _ws_decode(x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+               pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
+               stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+               NBUF: gl.constexpr, LOOK: gl.constexpr):
+    """DECODE_WARPS' worker partition (4 warps): the copies (activations into the shared slots, packed weights
+    into its own ring, LOOK chunks ahead, each slot taken once ``empty`` says its last product is done) and
+    the decode of each chunk into the slot's weight buffer, then ``ready``."""
+    DW: gl.constexpr = 4
+    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
+    S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
+    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
+                                                 element_bitwidth=32, rank=2)
+    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                   stride_wsn, P_W, BN)
+    x_rows, row_ok_x, _, _, _ = _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am,
+                                            stride_asm, A_DIV, GATHERED, X_LOAD, gl.SliceLayout(1, X_LOAD),
+                                            BM)
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+    num_k = K // CHUNK
+    for i in gl.static_range(LOOK):  # slots not used yet: no wait
+        kn = gl.minimum(i, num_k - 1)
+        _async_load(x_ring.index(i), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _async_load(w_ring.index(i), w_rows + kn * (CHUNK // 8))
+        cp.commit_group()
+    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
+    s = gl.load(ws_rows).to(gl.int32)
+    for c in range(num_k):
+        cp.wait_group(LOOK - 1)  # chunk c (mine)
+        words = w_ring.index(c % LOOK).load(P_W)
+        s_next = gl.load(ws_rows + gl.minimum(c + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+        _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
+        fence_async_shared()
+        _barrier()  # all four warps' copies landed and decodes stored (the arrive is one thread's)
+        mbarrier.arrive(ready.index(c % NBUF), count=1)
+        cn = c + LOOK
+        mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)  # its slot's last product done
+        kn = gl.minimum(cn, num_k - 1)
+        _async_load(x_ring.index(cn % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _async_load(w_ring.index(cn % LOOK), w_rows + kn * (CHUNK // 8))
+        cp.commit_group()
+        s = s_next
+    cp.wait_group(0)
+
+
+@gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
+def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                        num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
+                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                        GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                        RING: gl.constexpr, num_warps: gl.constexpr):
+    """SWAP_AB 0, ``DECODE_WARPS`` 4: warp-specialized. A 4-warp partition copies and decodes, the kernel's
+    num_warps (BM / 16) multiply and rescale; they meet on mbarriers a slot (``ready``: activations and
+    decoded weights in; ``empty``: the product done) instead of CTA barriers, so the decode of the next
+    chunks and the rescale of this one run on different warps. RING slots (num_stages + 1) of activations and
+    decoded weights; the packed weights are copied num_stages chunks ahead."""
+    BM: gl.constexpr = BLOCK_SIZE_M
+    BN: gl.constexpr = BLOCK_SIZE_N
+    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
+    if pid_m * BM >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    dec = gl.allocate_shared_memory(gl.float8e4nv, [RING, BN, CHUNK], W_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
+                                       gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(RING):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    _barrier()
+    gl.warp_specialize([
+        (_ws_mma, (x_ring, dec, ready, empty, a_scale_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, pid_m, pid_n,
+                   expert, K, routes, stride_asm, stride_wse, stride_wsn, stride_cm, A_DIV, GATHERED, BM, BN,
+                   RING, num_warps)),
+        (_ws_decode, (x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+                      sorted_ids_ptr, pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we,
+                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1)),
+    ], [4], [DECODE_REGS])
+
+
 def _maxnreg(config) -> dict:
     """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: at 168
     three CTAs an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session
@@ -609,6 +744,9 @@ def _kernel(config, a_div: int, gathered: bool):
                  num_warps=config["num_warps"])
     if config.get("MMA_HALVES", 0):
         return fp4_wgmma_halves_kernel, const, {}
+    if config.get("DECODE_WARPS", 0):  # 4 decode warps more; the register file split over all of them
+        threads = 32 * (config["num_warps"] + 4)
+        return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}

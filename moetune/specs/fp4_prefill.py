@@ -35,11 +35,13 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "IMPL": ("triton", "gluon"),
     "SCALE_RING": (0, 1),
     "MMA_HALVES": (0, 1),
+    "DECODE_WARPS": (0, 4),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
 # MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
-# rescaled).
+# rescaled) and DECODE_WARPS (4: a warp-specialized partition of 4 warps copies and decodes for the MMA
+# warps).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -47,7 +49,7 @@ DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
-    "MMA_HALVES": 0,
+    "MMA_HALVES": 0, "DECODE_WARPS": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -95,6 +97,8 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
+    if isinstance(cfg["DECODE_WARPS"], bool):
+        raise ValueError(f"config DECODE_WARPS must be 0 or 4, got {cfg['DECODE_WARPS']!r}")
     if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config SCALE_AHEAD 1 needs a whole-chunk decode: DECODE 'fp8_scaled' loads 32-K "
                          "slices")
@@ -114,6 +118,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError("config SCALE_RING 1 is a switch of IMPL 'gluon' (activation scales by cp.async)")
     if cfg["MMA_HALVES"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
         raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0")
+    if cfg["DECODE_WARPS"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]
+                                or cfg["MMA_HALVES"]):
+        raise ValueError("config DECODE_WARPS 4 is a switch of IMPL 'gluon' with SWAP_AB 0, SCALE_RING 0 and "
+                         "MMA_HALVES 0")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -142,6 +150,8 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
+        if cfg.get("DECODE_WARPS"):  # a decoded buffer a slot; the packed-weight ring one slot shorter
+            return (st + 1) * (bm + bn) * bk + st * bn * bk // 2 + 4096
         decoded = 3 if cfg.get("MMA_HALVES") else 2
         staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
         return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
