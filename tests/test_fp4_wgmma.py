@@ -104,7 +104,7 @@ def test_gluon_config_values_are_checked():
             normalize_config(other)
     ws = {**GLUON_SMEM, "DECODE_WARPS": 4}
     assert normalize_config(ws)["DECODE_WARPS"] == 4
-    for bad in ({**ws, "DECODE_WARPS": 8}, {**ws, "DECODE_WARPS": True}):
+    for bad in ({**ws, "DECODE_WARPS": 2}, {**ws, "DECODE_WARPS": True}):
         with pytest.raises(ValueError, match="DECODE_WARPS must be"):
             normalize_config(bad)
     for other in ({**ws, "SWAP_AB": 1}, {**ws, "SCALE_RING": 1}, {**ws, "MMA_HALVES": 1, "num_stages": 3},
@@ -155,7 +155,7 @@ def test_gluon_configs_are_candidates_once_per_tile():
              for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
     assert {(c["SWAP_AB"], c["SCALE_RING"], c["MMA_HALVES"], c["DECODE_WARPS"]) for c in gluon} == {
-        (1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 4)}
+        (1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 4), (0, 0, 0, 8)}
     assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] for c in spec.candidates() if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
@@ -178,9 +178,9 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
 @pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM,
                                     {**GLUON_SMEM, "SCALE_RING": 1},
                                     {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3},
-                                    {**GLUON_SMEM, "DECODE_WARPS": 4}],
+                                    {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
-                              "smem-decode-warps"])
+                              "smem-decode-warps-4", "smem-decode-warps-8"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -268,15 +268,19 @@ def test_gluon_reads_either_k_order_on_gpu():
     assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
 
 
+H, W4, W8 = {"MMA_HALVES": 1}, {"DECODE_WARPS": 4}, {"DECODE_WARPS": 8}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("switch, bm, bn, warps, stages, k, layout", [
-    ("MMA_HALVES", 128, 128, 8, 3, 1024, "indexed"), ("MMA_HALVES", 128, 64, 8, 4, 256, "gathered"),
-    ("MMA_HALVES", 64, 128, 4, 3, 4096, "indexed"), ("MMA_HALVES", 128, 32, 4, 3, 768, "indexed"),
-    ("MMA_HALVES", 64, 64, 4, 3, 512, "gathered"), ("DECODE_WARPS", 128, 128, 8, 2, 1024, "indexed"),
-    ("DECODE_WARPS", 128, 64, 8, 3, 256, "gathered"), ("DECODE_WARPS", 64, 128, 4, 3, 4096, "indexed"),
-    ("DECODE_WARPS", 128, 32, 4, 1, 768, "indexed"), ("DECODE_WARPS", 64, 64, 4, 2, 512, "gathered")])
+    (H, 128, 128, 8, 3, 1024, "indexed"), (H, 128, 64, 8, 4, 256, "gathered"),
+    (H, 64, 128, 4, 3, 4096, "indexed"), (H, 128, 32, 4, 3, 768, "indexed"),
+    (H, 64, 64, 4, 3, 512, "gathered"), (W4, 128, 128, 8, 2, 1024, "indexed"),
+    (W4, 128, 64, 8, 3, 256, "gathered"), (W4, 64, 128, 4, 3, 4096, "indexed"),
+    (W4, 128, 32, 4, 2, 768, "indexed"), (W4, 64, 64, 4, 2, 512, "gathered"),
+    (W8, 128, 128, 8, 2, 1024, "indexed"), (W8, 64, 128, 4, 3, 4096, "gathered")])
 def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn, warps, stages, k, layout):
-    """MMA_HALVES (each wgmma in two N halves) and DECODE_WARPS (a warp-specialized decode partition) run the
+    """MMA_HALVES (each wgmma in two N halves) and DECODE_WARPS (4 or 8 warps that copy and decode) run the
     SWAP_AB 0 SCALE_RING 0 arithmetic: against the plain loop, to fp32 rounding; every active route's row
     written (NaN-poisoned beforehand), skewed and partly inactive routes, K from 2 to 32 chunks."""
     from moetune.kernels.fp4_prefill import grouped_gemm
@@ -294,7 +298,7 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
                              "num_stages": max(stages, 2), "A_LAYOUT": layout})
     align = align_routes(ids, e, bm)
     outs = []
-    for cfg in (base, {**base, "num_stages": stages, switch: 4 if switch == "DECODE_WARPS" else 1}):
+    for cfg in (base, {**base, "num_stages": stages, **switch}):
         out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
         grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)

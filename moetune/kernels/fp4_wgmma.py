@@ -59,7 +59,6 @@ from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
 _barrier = getattr(gl, "barrier", None) or gl.thread_barrier  # the CTA barrier (renamed after Triton 3.6)
 CHUNK = gl.constexpr(128)  # K per wgmma: one activation scale group
-DECODE_REGS = gl.constexpr(112)  # a thread of DECODE_WARPS' decode partition (the MMA warps get the rest)
 # The lut PTX for one packed word per call ($2; pools $3, $4) -> the e4m3 words of k0-3 ($0) and k4-7 ($1).
 _LUT_WORD_ASM = gl.constexpr(_E2M1_TO_E4M3_LUT_ASM.value.replace("$7", "$4"))
 
@@ -644,11 +643,10 @@ def _ws_mma(x_ring, dec, ready, empty, a_scale_ptr, w_scale_ptr, c_ptr, sorted_i
 def _ws_decode(x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
                stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-               NBUF: gl.constexpr, LOOK: gl.constexpr):
-    """DECODE_WARPS' worker partition (4 warps): the copies (activations into the shared slots, packed weights
+               NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
+    """DECODE_WARPS' worker partition (DW warps): copies (activations into the shared slots, packed weights
     into its own ring, LOOK chunks ahead, each slot taken once ``empty`` says its last product is done) and
     the decode of each chunk into the slot's weight buffer, then ``ready``."""
-    DW: gl.constexpr = 4
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
@@ -675,7 +673,7 @@ def _ws_decode(x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_s
         s_next = gl.load(ws_rows + gl.minimum(c + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
         _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
         fence_async_shared()
-        _barrier()  # all four warps' copies landed and decodes stored (the arrive is one thread's)
+        _barrier()  # all the partition's copies landed and decodes stored (the arrive is one thread's)
         mbarrier.arrive(ready.index(c % NBUF), count=1)
         cn = c + LOOK
         mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)  # its slot's last product done
@@ -692,8 +690,10 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
                         stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                        RING: gl.constexpr, num_warps: gl.constexpr):
-    """SWAP_AB 0, ``DECODE_WARPS`` 4: warp-specialized. A 4-warp partition copies and decodes, the kernel's
+                        RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
+                        num_warps: gl.constexpr):
+    """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: warp-specialized. That many warps copy and decode (DECODE_REGS
+    registers a thread), the kernel's
     num_warps (BM / 16) multiply and rescale; they meet on mbarriers a slot (``ready``: activations and
     decoded weights in; ``empty``: the product done) instead of CTA barriers, so the decode of the next
     chunks and the rescale of this one run on different warps. RING slots (num_stages + 1) of activations and
@@ -722,8 +722,14 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                    RING, num_warps)),
         (_ws_decode, (x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
                       sorted_ids_ptr, pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we,
-                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1)),
-    ], [4], [DECODE_REGS])
+                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
+                      DECODE_WARPS)),
+    ], [DECODE_WARPS], [DECODE_REGS])
+
+
+# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest): 4 (row, 32-K group) a chunk a
+# thread with 4 warps at BLOCK_SIZE_N 128, 2 with 8
+_DECODE_REGS = {4: 112, 8: 88}
 
 
 def _maxnreg(config) -> dict:
@@ -744,8 +750,10 @@ def _kernel(config, a_div: int, gathered: bool):
                  num_warps=config["num_warps"])
     if config.get("MMA_HALVES", 0):
         return fp4_wgmma_halves_kernel, const, {}
-    if config.get("DECODE_WARPS", 0):  # 4 decode warps more; the register file split over all of them
-        threads = 32 * (config["num_warps"] + 4)
+    if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
+        dw = config["DECODE_WARPS"]
+        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw])
+        threads = 32 * (config["num_warps"] + dw)
         return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):

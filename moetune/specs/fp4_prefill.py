@@ -35,13 +35,13 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "IMPL": ("triton", "gluon"),
     "SCALE_RING": (0, 1),
     "MMA_HALVES": (0, 1),
-    "DECODE_WARPS": (0, 4),
+    "DECODE_WARPS": (0, 4, 8),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
 # MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
-# rescaled) and DECODE_WARPS (4: a warp-specialized partition of 4 warps copies and decodes for the MMA
-# warps).
+# rescaled) and DECODE_WARPS (4 or 8: a warp-specialized partition of that many warps copies and decodes for
+# the MMA warps).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -98,7 +98,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     if isinstance(cfg["DECODE_WARPS"], bool):
-        raise ValueError(f"config DECODE_WARPS must be 0 or 4, got {cfg['DECODE_WARPS']!r}")
+        raise ValueError(f"config DECODE_WARPS must be 0, 4 or 8, got {cfg['DECODE_WARPS']!r}")
     if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config SCALE_AHEAD 1 needs a whole-chunk decode: DECODE 'fp8_scaled' loads 32-K "
                          "slices")
@@ -120,8 +120,8 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0")
     if cfg["DECODE_WARPS"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]
                                 or cfg["MMA_HALVES"]):
-        raise ValueError("config DECODE_WARPS 4 is a switch of IMPL 'gluon' with SWAP_AB 0, SCALE_RING 0 and "
-                         "MMA_HALVES 0")
+        raise ValueError(f"config DECODE_WARPS {cfg['DECODE_WARPS']} is a switch of IMPL 'gluon' with "
+                         f"SWAP_AB 0, SCALE_RING 0 and MMA_HALVES 0")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
