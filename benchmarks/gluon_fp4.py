@@ -96,7 +96,8 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
         smem = c["IMPL"] == "gluon" and not c["SWAP_AB"]
         desc = (f"BM{c['BLOCK_SIZE_M']} BN{c['BLOCK_SIZE_N']} BK{c['BLOCK_SIZE_K']} w{c['num_warps']} "
                 f"s{c['num_stages']} {c['UNPACK']} {c['DECODE']}" + (" smem" if smem else "")
-                + (" ring" if c["SCALE_RING"] else "") + (" halves" if c.get("MMA_HALVES") else ""))
+                + (" ring" if c["SCALE_RING"] else "") + (" halves" if c.get("MMA_HALVES") else "")
+                + (f" dw{c['DECODE_WARPS']}" if c.get("DECODE_WARPS") else ""))
         us = f"{r['us']:.1f}" if r["us"] else "-"
         x = f"{base[(r['gemm'], r['routes'])] / r['us']:.3f}x" if r["us"] else "-"
         err = f"{r['rel_err']:.1e}"
