@@ -38,6 +38,8 @@ results/fp4_prefill.md, session 16.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -598,90 +600,145 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
 
 
 @gluon.jit
-def _ws_mma(x_ring, dec, ready, empty, a_scale_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, pid_m, pid_n, expert,
-            K, routes, stride_asm, stride_wse, stride_wsn, stride_cm, A_DIV: gl.constexpr,
-            GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-            num_warps: gl.constexpr):
-    """DECODE_WARPS' default partition (BM / 16 warps): each chunk's wgmma once its activations and decoded
-    weights are in (``ready``), the slot given back (``empty``) as soon as the product is waited for, then
-    the rescale; the epilogue."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 32])
-    P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [num_warps, 1, 1], [2, 1, 0])
-    S2: gl.constexpr = gl.SliceLayout(2, P_W)
-    num_k = K // CHUNK
-    ws_rows = _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2, BN)
-    rmax = _row_max_scale(ws_rows, num_k, S2, BN)  # for the epilogue's row factor (the decoders have theirs)
-    slot_s = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA))
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    row_ok_s = route_s < routes
-    if GATHERED:
-        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
-    else:
-        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
-    xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
-    zero = gl.zeros([BM, BN], gl.float32, MMA)
-    acc = zero
-    for c in range(num_k):
-        mbarrier.wait(ready.index(c % NBUF), (c // NBUF) & 1)
-        part = warpgroup_mma(x_ring.index(c % NBUF), dec.index(c % NBUF).permute((1, 0)), zero, use_acc=False,
-                             is_async=True)
-        xs_next = gl.load(xs_src + gl.minimum(c + 1, num_k - 1), mask=row_ok_s, other=0.0)
-        part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
-        _barrier()  # both warpgroups' products (the arrive is one thread's)
-        mbarrier.arrive(empty.index(c % NBUF), count=1)
-        acc += part * xs[:, None]
-        xs = xs_next
-    wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
-    n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
-    c_ptrs = c_ptr + route_s.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-    out = acc * wf.to(gl.float32, bitcast=True)[None, :]
-    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok_s[:, None])
+def _ws_tile(t, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
+    """Tile t of a persistent program: (M-block, N-tile) as ``_tile_ids`` orders them, its expert."""
+    num_pid_n = N // BN
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (t // num_pid_in_group) * GROUP_SIZE_M
+    group_size_m = gl.minimum(blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + ((t % num_pid_in_group) % group_size_m)
+    pid_n = (t % num_pid_in_group) // group_size_m
+    return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
 
 @gluon.jit
-def _ws_decode(x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
-               pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we, stride_wn, stride_wse,
-               stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
-               NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
-    """DECODE_WARPS' worker partition (DW warps): copies (activations into the shared slots, packed weights
-    into its own ring, LOOK chunks ahead, each slot taken once ``empty`` says its last product is done) and
-    the decode of each chunk into the slot's weight buffer, then ``ready``."""
+def _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV: gl.constexpr,
+                   GATHERED: gl.constexpr, ROWS: gl.constexpr, BM: gl.constexpr):
+    """The M-block's routes (the epilogue's rows) and activation scale pointers, in ROWS."""
+    slot = pid_m * BM + gl.arange(0, BM, ROWS)
+    route = gl.load(sorted_ids_ptr + slot)
+    if GATHERED:
+        row = slot
+    else:
+        row = gl.where(route < routes, route // A_DIV, 0)
+    return route, a_scale_ptr + row.to(gl.int64) * stride_asm
+
+
+@gluon.jit
+def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, num_tiles,
+            blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
+            GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+            num_warps: gl.constexpr):
+    """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
+    activations and decoded weights are in (``ready``), the slot given back (``empty``) as soon as the
+    product is waited for, then the rescale; each tile's epilogue while the decode partition goes on into
+    the next tile. The next tile's rows and first activation scales are loaded a tile / a chunk ahead."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 32])
+    ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    num_k = K // CHUNK
+    pid = gl.program_id(0)
+    grid = gl.num_programs(0)
+    pid_m, pid_n, _ = _ws_tile(pid, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+    route, xs_src = _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED,
+                                   ROWS, BM)
+    xs = gl.load(xs_src, mask=route < routes, other=0.0)
+    zero = gl.zeros([BM, BN], gl.float32, MMA)
+    rmax = gl.zeros([BN], gl.int32, gl.SliceLayout(0, MMA))
+    g = 0
+    ti = 0
+    for t in range(pid, num_tiles, grid):
+        t_next = gl.minimum(t + grid, num_tiles - 1)  # (past the last tile: a real one, never stored)
+        pid_m_next, pid_n_next, _ = _ws_tile(t_next, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+        route_next, xs_src_next = _ws_scale_rows(pid_m_next, sorted_ids_ptr, a_scale_ptr, routes, stride_asm,
+                                                 A_DIV, GATHERED, ROWS, BM)
+        acc = zero
+        for k in range(num_k):
+            c = g + k
+            mbarrier.wait(ready.index(c % NBUF), (c // NBUF) & 1)
+            part = warpgroup_mma(x_ring.index(c % NBUF), dec.index(c % NBUF).permute((1, 0)), zero,
+                                 use_acc=False, is_async=True)
+            if k == 0:  # this tile's row max scales, written by the decode partition before its first ready
+                rmax = rbuf.index(ti % 2).load(gl.SliceLayout(0, MMA))
+            last = k + 1 == num_k
+            xs_next = gl.load(gl.where(last, xs_src_next, xs_src + k + 1),
+                              mask=gl.where(last, route_next, route) < routes, other=0.0)
+            part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
+            _barrier()  # the MMA warpgroups' products (the arrive is one thread's)
+            mbarrier.arrive(empty.index(c % NBUF), count=1)
+            acc += part * xs[:, None]
+            xs = xs_next
+        wf = ((rmax - 1) << 23).to(gl.float32, bitcast=True)  # 2^(rmax - 128)
+        n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
+        c_ptrs = c_ptr + route.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
+        gl.store(c_ptrs, (acc * wf[None, :]).to(c_ptr.dtype.element_ty), mask=(route < routes)[:, None])
+        pid_n = pid_n_next
+        route = route_next
+        xs_src = xs_src_next
+        g += num_k
+        ti += 1
+
+
+@gluon.jit
+def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+               sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am,
+               stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV: gl.constexpr,
+               GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+               LOOK: gl.constexpr, DW: gl.constexpr):
+    """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
+    shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
+    ``empty`` says its last product is done), the tile's row max scales into ``rbuf``, and the decode of each
+    chunk into the slot's weight buffer, then ``ready``. It runs up to NBUF chunks ahead of the MMA warps,
+    so a tile's start (its rows, first copies and row max) goes on under the previous tile's last products."""
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
+    R_L: gl.constexpr = gl.BlockedLayout([1], [32], [DW], [0])
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
                                                  element_bitwidth=32, rank=2)
-    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                   stride_wsn, P_W, BN)
-    x_rows, row_ok_x, _, _, _ = _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am,
-                                            stride_asm, A_DIV, GATHERED, X_LOAD, gl.SliceLayout(1, X_LOAD),
-                                            BM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     num_k = K // CHUNK
-    for i in gl.static_range(LOOK):  # slots not used yet: no wait
-        kn = gl.minimum(i, num_k - 1)
-        _async_load(x_ring.index(i), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
-        _async_load(w_ring.index(i), w_rows + kn * (CHUNK // 8))
-        cp.commit_group()
-    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
-    s = gl.load(ws_rows).to(gl.int32)
-    for c in range(num_k):
-        cp.wait_group(LOOK - 1)  # chunk c (mine)
-        words = w_ring.index(c % LOOK).load(P_W)
-        s_next = gl.load(ws_rows + gl.minimum(c + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-        _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
-        fence_async_shared()
-        _barrier()  # all the partition's copies landed and decodes stored (the arrive is one thread's)
-        mbarrier.arrive(ready.index(c % NBUF), count=1)
-        cn = c + LOOK
-        mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)  # its slot's last product done
-        kn = gl.minimum(cn, num_k - 1)
-        _async_load(x_ring.index(cn % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
-        _async_load(w_ring.index(cn % LOOK), w_rows + kn * (CHUNK // 8))
-        cp.commit_group()
-        s = s_next
+    pid = gl.program_id(0)
+    grid = gl.num_programs(0)
+    g = 0
+    ti = 0
+    for t in range(pid, num_tiles, grid):
+        pid_m, pid_n, expert = _ws_tile(t, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+        w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                       stride_wsn, P_W, BN)
+        x_rows, row_ok_x, _, _, _ = _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes,
+                                                stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
+                                                gl.SliceLayout(1, X_LOAD), BM)
+        for i in gl.static_range(LOOK):
+            c = g + i
+            mbarrier.wait(empty.index(c % NBUF), ((c // NBUF) & 1) ^ 1)  # the slot's last product done
+            kn = gl.minimum(i, num_k - 1)
+            _async_load(x_ring.index(c % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+            _async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
+            cp.commit_group()
+        rmax = _row_max_scale(ws_rows, num_k, S2, BN)
+        rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
+        s = gl.load(ws_rows).to(gl.int32)
+        for k in range(num_k):
+            c = g + k
+            cp.wait_group(LOOK - 1)  # chunk k (mine)
+            words = w_ring.index(c % LOOK).load(P_W)
+            s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
+            fence_async_shared()
+            _barrier()  # the partition's copies landed and decodes stored (the arrive is one thread's)
+            mbarrier.arrive(ready.index(c % NBUF), count=1)
+            if k + LOOK < num_k:  # the copies of chunk k + LOOK of this tile
+                cn = c + LOOK
+                mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)
+                _async_load(x_ring.index(cn % NBUF), x_rows + (k + LOOK) * CHUNK + cols_x[None, :],
+                            mask=row_ok_x[:, None])
+                _async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
+            cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
+            s = s_next
+        g += num_k
+        ti += 1
     cp.wait_group(0)
 
 
@@ -692,24 +749,25 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
                         num_warps: gl.constexpr):
-    """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: warp-specialized. That many warps copy and decode (DECODE_REGS
-    registers a thread), the kernel's
-    num_warps (BM / 16) multiply and rescale; they meet on mbarriers a slot (``ready``: activations and
-    decoded weights in; ``empty``: the product done) instead of CTA barriers, so the decode of the next
-    chunks and the rescale of this one run on different warps. RING slots (num_stages + 1) of activations and
-    decoded weights; the packed weights are copied num_stages chunks ahead."""
+    """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
+    (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
+    on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
+    of CTA barriers, and each program (one an SM) takes every grid-th tile, the decode running ahead into the
+    next tile while the MMA warps finish this one. RING slots (num_stages + 1) of activations and decoded
+    weights; packed weights copied num_stages chunks ahead within a tile."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
-    if pid_m * BM >= gl.load(num_padded_ptr):
+    blocks = gl.load(num_padded_ptr) // BM
+    num_tiles = blocks * (N // BN)
+    if gl.program_id(0) >= num_tiles:
         return
-    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
     dec = gl.allocate_shared_memory(gl.float8e4nv, [RING, BN, CHUNK], W_SMEM)
     w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    rbuf = gl.allocate_shared_memory(gl.int32, [2, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RING):
@@ -717,19 +775,19 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         mbarrier.init(empty.index(i), count=1)
     _barrier()
     gl.warp_specialize([
-        (_ws_mma, (x_ring, dec, ready, empty, a_scale_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, pid_m, pid_n,
-                   expert, K, routes, stride_asm, stride_wse, stride_wsn, stride_cm, A_DIV, GATHERED, BM, BN,
-                   RING, num_warps)),
-        (_ws_decode, (x_ring, w_ring, dec, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
-                      sorted_ids_ptr, pid_m, pid_n, expert, K, routes, stride_am, stride_asm, stride_we,
-                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                      DECODE_WARPS)),
+        (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                   num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
+                   BN, RING, num_warps)),
+        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+                      sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
+                      stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED,
+                      BM, BN, RING, RING - 1, DECODE_WARPS)),
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
-# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest): 4 (row, 32-K group) a chunk a
-# thread with 4 warps at BLOCK_SIZE_N 128, 2 with 8
-_DECODE_REGS = {4: 112, 8: 88}
+# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool): at BM128 BN128
+# the fewest without spills in either partition with 4 (offline, Triton 3.6); with 8 a few spills either way
+_DECODE_REGS = {4: 120, 8: 72}
 
 
 def _maxnreg(config) -> dict:
@@ -783,6 +841,11 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
                                                                            **options})
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def check_problem(k: int, w: torch.Tensor, config) -> None:
     """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
     SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256 or N of BLOCK_SIZE_N, packed
@@ -826,7 +889,10 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered)
-    kernel[(align.max_blocks * (n // bn),)](
+    grid = align.max_blocks * (n // bn)
+    if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
+        grid = min(grid, _sm_count(a.device))
+    kernel[(grid,)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
         w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)
