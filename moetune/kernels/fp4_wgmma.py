@@ -491,9 +491,9 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
 
 
 @gluon.jit
-def _half(dec, c, h: gl.constexpr, BN: gl.constexpr, NDEC: gl.constexpr):
-    """Half h of chunk c's decoded weights (NDEC buffers) as the wgmma's B operand [CHUNK, BN / 2]."""
-    return dec.index(c % NDEC).slice(h * (BN // 2), BN // 2).permute((1, 0))
+def _half(dec, c, h: gl.constexpr, BN: gl.constexpr):
+    """Half h of chunk c's decoded weights as the wgmma's B operand [CHUNK, BN / 2]."""
+    return dec.index(c % 3).slice(h * (BN // 2), BN // 2).permute((1, 0))
 
 
 @gluon.jit
@@ -552,11 +552,11 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
     _barrier()
     zero = gl.zeros([BM, BN // 2], gl.float32, MMA_H)
-    part_a = warpgroup_mma(x_ring.index(0), _half(dec, 0, 0, BN, 3), zero, use_acc=False, is_async=True)
+    part_a = warpgroup_mma(x_ring.index(0), _half(dec, 0, 0, BN), zero, use_acc=False, is_async=True)
     acc_a = zero
     acc_b = zero
     for c in range(num_k - 1):
-        part_b = warpgroup_mma(x_ring.index(c % RING), _half(dec, c, 1, BN, 3), zero, use_acc=False,
+        part_b = warpgroup_mma(x_ring.index(c % RING), _half(dec, c, 1, BN), zero, use_acc=False,
                                is_async=True)
         _decode_into(dec, c + 1, w_ring, s_next, rmax, P_W, W_WORDS, BN, RING)
         s_next = gl.load(ws_rows + gl.minimum(c + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
@@ -571,12 +571,12 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
                     mask=row_ok_x[:, None])
         _async_load(w_ring.index((c + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
         cp.commit_group()
-        part_a = warpgroup_mma(x_ring.index((c + 1) % RING), _half(dec, c + 1, 0, BN, 3), zero,
-                               use_acc=False, is_async=True)
+        part_a = warpgroup_mma(x_ring.index((c + 1) % RING), _half(dec, c + 1, 0, BN), zero, use_acc=False,
+                               is_async=True)
         done_b, _ = warpgroup_mma_wait(num_outstanding=1, deps=[part_b, part_a])
         acc_b += done_b * xs[:, None]
         xs = xs_next
-    part_b = warpgroup_mma(x_ring.index((num_k - 1) % RING), _half(dec, num_k - 1, 1, BN, 3), zero,
+    part_b = warpgroup_mma(x_ring.index((num_k - 1) % RING), _half(dec, num_k - 1, 1, BN), zero,
                            use_acc=False, is_async=True)
     done_a, part_b = warpgroup_mma_wait(num_outstanding=1, deps=[part_a, part_b])
     acc_a += done_a * xs[:, None]
@@ -680,84 +680,6 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
 
 
 @gluon.jit
-def _ws_mma_halves(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                   num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
-                   GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """``_ws_mma`` with MMA_HALVES: each chunk's product in two N halves, the next chunk's first half issued
-    before this chunk's second half is rescaled, so the tensor cores always have a product queued."""
-    MMA_H: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                    instr_shape=[16, BN // 2, 32])
-    ROWS: gl.constexpr = gl.SliceLayout(1, MMA_H)
-    PAIRS: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [num_warps, 1], [1, 0])
-    num_k = K // CHUNK
-    pid = gl.program_id(0)
-    grid = gl.num_programs(0)
-    pid_m, pid_n, _ = _ws_tile(pid, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
-    route, xs_src = _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED,
-                                   ROWS, BM)
-    xs = gl.load(xs_src, mask=route < routes, other=0.0)
-    zero = gl.zeros([BM, BN // 2], gl.float32, MMA_H)
-    g = 0
-    ti = 0
-    for t in range(pid, num_tiles, grid):
-        t_next = gl.minimum(t + grid, num_tiles - 1)  # (past the last tile: a real one, never stored)
-        pid_m_next, pid_n_next, _ = _ws_tile(t_next, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
-        route_next, xs_src_next = _ws_scale_rows(pid_m_next, sorted_ids_ptr, a_scale_ptr, routes, stride_asm,
-                                                 A_DIV, GATHERED, ROWS, BM)
-        mbarrier.wait(ready.index(g % NBUF), (g // NBUF) & 1)
-        rmax = rbuf.index(ti % 2).load(gl.BlockedLayout([1], [32], [num_warps], [0]))  # written before ready
-        part_a = warpgroup_mma(x_ring.index(g % NBUF), _half(dec, g, 0, BN, NBUF), zero, use_acc=False,
-                               is_async=True)
-        acc_a = zero
-        acc_b = zero
-        for k in range(num_k - 1):
-            c = g + k
-            part_b = warpgroup_mma(x_ring.index(c % NBUF), _half(dec, c, 1, BN, NBUF), zero, use_acc=False,
-                                   is_async=True)
-            xs_next = gl.load(xs_src + k + 1, mask=route < routes, other=0.0)
-            done_a, part_b = warpgroup_mma_wait(num_outstanding=1, deps=[part_a, part_b])
-            acc_a += done_a * xs[:, None]
-            mbarrier.wait(ready.index((c + 1) % NBUF), ((c + 1) // NBUF) & 1)
-            part_a = warpgroup_mma(x_ring.index((c + 1) % NBUF), _half(dec, c + 1, 0, BN, NBUF), zero,
-                                   use_acc=False, is_async=True)
-            done_b, in_flight = warpgroup_mma_wait(num_outstanding=1, deps=[part_b, part_a])
-            _barrier()  # both halves of chunk c done in every MMA warp (the arrive is one thread's)
-            mbarrier.arrive(empty.index(c % NBUF), count=1)
-            acc_b += done_b * xs[:, None]
-            xs = xs_next
-        c = g + num_k - 1
-        part_b = warpgroup_mma(x_ring.index(c % NBUF), _half(dec, c, 1, BN, NBUF), zero, use_acc=False,
-                               is_async=True)
-        xs_next = gl.load(xs_src_next, mask=route_next < routes, other=0.0)  # the next tile's first chunk
-        done_a, part_b = warpgroup_mma_wait(num_outstanding=1, deps=[part_a, part_b])
-        acc_a += done_a * xs[:, None]
-        done_b = warpgroup_mma_wait(num_outstanding=0, deps=[part_b])
-        _barrier()
-        mbarrier.arrive(empty.index(c % NBUF), count=1)
-        acc_b += done_b * xs[:, None]
-        xs = xs_next
-
-        wf = ((rmax - 1) << 23).to(gl.float32, bitcast=True)  # 2^(rmax - 128)
-        wf_a, wf_b = gl.split(gl.convert_layout(gl.permute(gl.reshape(wf, [2, BN // 2]), (1, 0)), PAIRS))
-        ok = (route < routes)[:, None]
-        for h in gl.static_range(2):
-            n_c = pid_n * BN + h * (BN // 2) + gl.arange(0, BN // 2, gl.SliceLayout(0, MMA_H))
-            c_ptrs = c_ptr + route.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-            if h == 0:
-                acc, wf_h = acc_a, wf_a
-            else:
-                acc, wf_h = acc_b, wf_b
-            wf_h = gl.convert_layout(wf_h, gl.SliceLayout(0, MMA_H))
-            gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=ok)
-        pid_n = pid_n_next
-        route = route_next
-        xs_src = xs_src_next
-        g += num_k
-        ti += 1
-
-
-@gluon.jit
 def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
                sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am,
                stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV: gl.constexpr,
@@ -826,7 +748,7 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-                        MMA_HALVES: gl.constexpr, num_warps: gl.constexpr):
+                        num_warps: gl.constexpr):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
@@ -852,27 +774,15 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     _barrier()
-    # (the argument tuples written out in each call: a tuple held in a variable loses its constexprs)
-    if MMA_HALVES:
-        gl.warp_specialize([
-            (_ws_mma_halves, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
-                              expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm,
-                              stride_cm, A_DIV, GATHERED, BM, BN, RING, num_warps)),
-            (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
-                          sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
-                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV,
-                          GATHERED, BM, BN, RING, RING - 1, DECODE_WARPS)),
-        ], [DECODE_WARPS], [DECODE_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                       num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV,
-                       GATHERED, BM, BN, RING, num_warps)),
-            (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
-                          sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
-                          stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV,
-                          GATHERED, BM, BN, RING, RING - 1, DECODE_WARPS)),
-        ], [DECODE_WARPS], [DECODE_REGS])
+    gl.warp_specialize([
+        (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
+                   num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
+                   BN, RING, num_warps)),
+        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+                      sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
+                      stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED,
+                      BM, BN, RING, RING - 1, DECODE_WARPS)),
+    ], [DECODE_WARPS], [DECODE_REGS])
 
 
 # registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool): at BM128 BN128
@@ -896,14 +806,13 @@ def _kernel(config, a_div: int, gathered: bool):
     const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
                  BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
                  num_warps=config["num_warps"])
-    if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
-        dw = config["DECODE_WARPS"]
-        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw],
-                     MMA_HALVES=bool(config.get("MMA_HALVES", 0)))
-        threads = 32 * (config["num_warps"] + dw)
-        return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     if config.get("MMA_HALVES", 0):
         return fp4_wgmma_halves_kernel, const, {}
+    if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
+        dw = config["DECODE_WARPS"]
+        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw])
+        threads = 32 * (config["num_warps"] + dw)
+        return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
@@ -944,11 +853,9 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
     bn, n = config["BLOCK_SIZE_N"], w.shape[1]
-    if config.get("MMA_HALVES", 0) and (config["BLOCK_SIZE_N"] < 32 or (
-            config["num_stages"] < 3 and not config.get("DECODE_WARPS", 0))):
-        raise ValueError(f"config IMPL 'gluon' with MMA_HALVES needs BLOCK_SIZE_N >= 32 and (without "
-                         f"DECODE_WARPS) num_stages >= 3, got {config['BLOCK_SIZE_N']} and "
-                         f"{config['num_stages']}")
+    if config.get("MMA_HALVES", 0) and (config["num_stages"] < 3 or config["BLOCK_SIZE_N"] < 32):
+        raise ValueError(f"config IMPL 'gluon' with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32, "
+                         f"got {config['num_stages']} and {config['BLOCK_SIZE_N']}")
     if not config.get("SWAP_AB", 1) and not config.get("SCALE_RING", 0):
         if config["num_stages"] < 2:
             raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "

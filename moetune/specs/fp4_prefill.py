@@ -118,9 +118,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError("config SCALE_RING 1 is a switch of IMPL 'gluon' (activation scales by cp.async)")
     if cfg["MMA_HALVES"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
         raise ValueError("config MMA_HALVES 1 is a switch of IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0")
-    if cfg["DECODE_WARPS"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]):
+    if cfg["DECODE_WARPS"] and (cfg["IMPL"] != "gluon" or cfg["SWAP_AB"] or cfg["SCALE_RING"]
+                                or cfg["MMA_HALVES"]):
         raise ValueError(f"config DECODE_WARPS {cfg['DECODE_WARPS']} is a switch of IMPL 'gluon' with "
-                         f"SWAP_AB 0 and SCALE_RING 0")
+                         f"SWAP_AB 0, SCALE_RING 0 and MMA_HALVES 0")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -239,10 +240,8 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 needs num_stages >= 2 (one wait covers two chunks)"
     if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["BLOCK_SIZE_M"] > 128:
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 runs BLOCK_SIZE_M <= 128 (256: misaligned address)"
-    if cfg["MMA_HALVES"] and (cfg["BLOCK_SIZE_N"] < 32
-                              or (cfg["num_stages"] < 3 and not cfg["DECODE_WARPS"])):
-        return ("IMPL gluon with MMA_HALVES needs BLOCK_SIZE_N >= 32 (halves of >= 16) and, without "
-                "DECODE_WARPS, num_stages >= 3")
+    if cfg["MMA_HALVES"] and (cfg["num_stages"] < 3 or cfg["BLOCK_SIZE_N"] < 32):
+        return "IMPL gluon with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32 (halves of >= 16)"
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
     if cfg[side] % (16 * cfg["num_warps"]):
         return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
