@@ -29,8 +29,10 @@ of 305. On the H200 (session 17) 1.09-1.14x the SCALE_RING 0 kernel's time at 15
 
 ``MMA_HALVES`` (SWAP_AB 0): each chunk's product in two N halves, the next chunk's first half queued before
 this one's second half is rescaled; on the H200 faster only with 64-row tiles (gate/up at 37-59 rows an
-expert, session 18). A persistent version of the SWAP_AB 0 kernel was slower at every point measured and was
-removed (results/fp4_prefill.md, session 18).
+expert, session 18). ``DECODE_WARPS`` 4 or 8 (SWAP_AB 0): persistent and warp-specialized, a partition of that
+many warps copies and decodes for the MMA warps through mbarriers (``fp4_wgmma_ws_kernel``; down 24576 routes
+0.610 ms against 0.655, session 18). A persistent version of the plain SWAP_AB 0 loop was slower at every
+point measured and was removed (results/fp4_prefill.md, session 18).
 
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
