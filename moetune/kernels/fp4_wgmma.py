@@ -86,6 +86,13 @@ def split_layout(a_lin):
                                       remap(a_lin.block_bases), [a_lin.shape[0], 4, 4, 2, 4])
 
 
+@gluon.constexpr_function
+def words_layout(w_smem):
+    """The decoded-weight buffer's bytes (``w_smem``, e4m3 [BN, 128]) as int32 words [BN, 32]: a 128-byte row
+    either way, so the same swizzle."""
+    return gl.NVMMASharedLayout(swizzle_byte_width=w_smem.swizzle_byte_width, element_bitwidth=32, rank=2)
+
+
 @gluon.jit
 def _keep_alive(a, never):
     """A use of the A operand's registers after its wgmma's wait (a shared store predicated on a runtime 0):
@@ -412,9 +419,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
-    # the same bytes as int32 words [BN, 32] (a 128-byte row either way, so the same swizzle)
-    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
-                                                 element_bitwidth=32, rank=2)
+    W_WORDS: gl.constexpr = words_layout(W_SMEM)
 
     w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                    stride_wsn, P_W, BN)
@@ -532,8 +537,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
-    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
-                                                 element_bitwidth=32, rank=2)
+    W_WORDS: gl.constexpr = words_layout(W_SMEM)
     w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                    stride_wsn, P_W, BN)
     x_rows, row_ok_x, xs_src, row_ok_s, route_s = _block_rows(
@@ -697,8 +701,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_pt
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
     R_L: gl.constexpr = gl.BlockedLayout([1], [32], [DW], [0])
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
-    W_WORDS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=W_SMEM.swizzle_byte_width,
-                                                 element_bitwidth=32, rank=2)
+    W_WORDS: gl.constexpr = words_layout(W_SMEM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     num_k = K // CHUNK
     pid = gl.program_id(0)
