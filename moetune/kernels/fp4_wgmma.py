@@ -136,16 +136,21 @@ def _operand(w, A_OP: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
-    """This program's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
-    pid = gl.program_id(0)
+def _tile_of(t, N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+    """Tile t's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
     num_pid_n = N // BN
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (pid // num_pid_in_group) * GROUP_SIZE_M
+    first_pid_m = (t // num_pid_in_group) * GROUP_SIZE_M
     group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    pid_m = first_pid_m + ((t % num_pid_in_group) % group_size_m)
+    pid_n = (t % num_pid_in_group) // group_size_m
     return pid_m, pid_n
+
+
+@gluon.jit
+def _tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+    """This program's (M-block, N-tile)."""
+    return _tile_of(gl.program_id(0), N, num_blocks, GROUP_SIZE_M, BN)
 
 
 @gluon.jit
@@ -606,14 +611,9 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
 
 
 @gluon.jit
-def _ws_tile(t, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
-    """Tile t of a persistent program: (M-block, N-tile) as ``_tile_ids`` orders them, its expert."""
-    num_pid_n = N // BN
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (t // num_pid_in_group) * GROUP_SIZE_M
-    group_size_m = gl.minimum(blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + ((t % num_pid_in_group) % group_size_m)
-    pid_n = (t % num_pid_in_group) // group_size_m
+def _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
+    """Tile t of a persistent program: its (M-block, N-tile) and expert."""
+    pid_m, pid_n = _tile_of(t, N, blocks, GROUP_SIZE_M, BN)
     return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m).to(gl.int64)
 
 
@@ -645,7 +645,7 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
-    pid_m, pid_n, _ = _ws_tile(pid, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+    pid_m, pid_n, _ = _ws_tile(pid, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
     route, xs_src = _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED,
                                    ROWS, BM)
     xs = gl.load(xs_src, mask=route < routes, other=0.0)
@@ -655,7 +655,7 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
     ti = 0
     for t in range(pid, num_tiles, grid):
         t_next = gl.minimum(t + grid, num_tiles - 1)  # (past the last tile: a real one, never stored)
-        pid_m_next, pid_n_next, _ = _ws_tile(t_next, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+        pid_m_next, pid_n_next, _ = _ws_tile(t_next, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
         route_next, xs_src_next = _ws_scale_rows(pid_m_next, sorted_ids_ptr, a_scale_ptr, routes, stride_asm,
                                                  A_DIV, GATHERED, ROWS, BM)
         acc = zero
@@ -709,7 +709,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_pt
     g = 0
     ti = 0
     for t in range(pid, num_tiles, grid):
-        pid_m, pid_n, expert = _ws_tile(t, N, K, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+        pid_m, pid_n, expert = _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
         w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                        stride_wsn, P_W, BN)
         x_rows, row_ok_x, _, _, _ = _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes,
