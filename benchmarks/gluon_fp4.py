@@ -49,7 +49,7 @@ def offline(configs: list[str]) -> None:
         print(text, {key: got[key] for key in ("regs", "smem", "ctas_per_sm", "QGMMA", "LDL", "STL", "loop")})
 
 
-def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
+def bench(out_dir: Path, routes_list: list[int], configs: list[str], gemms: list[str]) -> None:
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.picker import pick_config
@@ -59,7 +59,8 @@ def bench(out_dir: Path, routes_list: list[int], configs: list[str]) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     rows = []
-    for gemm, (n, k, a_div) in GEMMS.items():
+    for gemm in gemms:
+        n, k, a_div = GEMMS[gemm]
         e = 256
         w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
         for routes in routes_list:
@@ -111,12 +112,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("gluon_out"))
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
     ap.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fp4_prefill config JSON objects")
+    ap.add_argument("--gemms", nargs="+", choices=list(GEMMS), default=list(GEMMS))
     ap.add_argument("--offline", action="store_true", help="compile for sm_90 only (no GPU)")
     args = ap.parse_args()
     if args.offline:
         offline(args.configs)
     else:
-        bench(args.out, args.routes, args.configs)
+        bench(args.out, args.routes, args.configs, args.gemms)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,49 @@
+"""Where a kernel's warps stall, per SASS instruction, from an Nsight Compute report with SourceCounters:
+the busiest instructions by warp-state samples and the samples per address range (``--ranges``, e.g. a
+warp-specialized kernel's partitions). Reads ``ncu -i REPORT --page source --csv --print-source sass``.
+
+    ncu -i k.ncu-rep --page source --csv --print-source sass > k.csv
+    python benchmarks/ncu_hotspots.py k.csv --top 40 --ranges 0x0-0x44b0 0x44c0-0x9999
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pandas as pd
+
+
+def read(path: str) -> pd.DataFrame:
+    text = open(path).read()
+    start = text.find('"Address"')  # ncu prints its own lines before the table
+    frame = pd.read_csv(io.StringIO(text[start if start >= 0 else 0:]))
+    frame["addr"] = frame["Address"].map(lambda a: int(str(a), 16))
+    return frame
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--ranges", nargs="*", default=[], help="address ranges LO-HI (hex) to total")
+    args = ap.parse_args()
+    frame = read(args.csv)
+    samples = next(c for c in frame.columns if c.startswith("Warp Stall Sampling (All"))
+    print("columns:", ", ".join(frame.columns))
+    total = frame[samples].sum()
+    print(f"{samples}: {total}")
+    for text in args.ranges:
+        lo, hi = (int(x, 16) for x in text.split("-"))
+        part = frame[(frame.addr >= lo) & (frame.addr <= hi)]
+        print(f"{text}: {part[samples].sum()} samples ({part[samples].sum() / total:.1%}), "
+              f"{len(part)} instructions")
+    shown = [c for c in frame.columns if c in ("Address", "Source", samples)
+             or c.startswith("Warp Stall Sampling (Not") or c.startswith("Instructions Executed")]
+    top = frame.nlargest(args.top, samples)[shown]
+    with pd.option_context("display.width", 250, "display.max_colwidth", 70, "display.max_rows", 500):
+        print(top.to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
