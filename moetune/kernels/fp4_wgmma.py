@@ -612,52 +612,60 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
 
 @gluon.jit
 def _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
-    """Tile t of a persistent program: its (M-block, N-tile) and expert."""
+    """Tile t of a persistent program: its (M-block, N-tile) and expert (int32: nothing waits for the load
+    until the expert is used)."""
     pid_m, pid_n = _tile_of(t, N, blocks, GROUP_SIZE_M, BN)
-    return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m)
 
 
 @gluon.jit
-def _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV: gl.constexpr,
-                   GATHERED: gl.constexpr, ROWS: gl.constexpr, BM: gl.constexpr):
-    """The M-block's routes (the epilogue's rows) and activation scale pointers, in ROWS."""
-    slot = pid_m * BM + gl.arange(0, BM, ROWS)
-    route = gl.load(sorted_ids_ptr + slot)
-    if GATHERED:
-        row = slot
+def _ws_routes(pid_m, sorted_ids_ptr, ROWS: gl.constexpr, BM: gl.constexpr):
+    """The M-block's route ids (padding: ``routes``) in ROWS."""
+    return gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, ROWS))
+
+
+@gluon.jit
+def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
+                 ROWS: gl.constexpr, BM: gl.constexpr):
+    """Pointers to the activation (or activation-scale) rows of an M-block's routes (padding: row 0)."""
+    if GATHERED:  # rows copied into slot order beforehand
+        row = pid_m * BM + gl.arange(0, BM, ROWS)
     else:
         row = gl.where(route < routes, route // A_DIV, 0)
-    return route, a_scale_ptr + row.to(gl.int64) * stride_asm
+    return base + row.to(gl.int64) * stride
 
 
 @gluon.jit
-def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr, num_tiles,
-            blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
+def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks, N, K,
+            routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
             GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
             num_warps: gl.constexpr):
     """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
     activations and decoded weights are in (``ready``), the slot given back (``empty``) as soon as the
     product is waited for, then the rescale; each tile's epilogue while the decode partition goes on into
-    the next tile. The next tile's rows and first activation scales are loaded a tile / a chunk ahead."""
+    the next tile. Route ids are loaded two tiles ahead, so no tile start waits for memory."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BN, 32])
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
-    pid_m, pid_n, _ = _ws_tile(pid, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
-    route, xs_src = _ws_scale_rows(pid_m, sorted_ids_ptr, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED,
-                                   ROWS, BM)
+    pid_m, pid_n = _tile_of(pid, N, blocks, GROUP_SIZE_M, BN)
+    route = _ws_routes(pid_m, sorted_ids_ptr, ROWS, BM)
+    xs_src = _ws_row_ptrs(route, pid_m, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS, BM)
     xs = gl.load(xs_src, mask=route < routes, other=0.0)
+    pid_m_n, pid_n_n = _tile_of(gl.minimum(pid + grid, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+    route_n = _ws_routes(pid_m_n, sorted_ids_ptr, ROWS, BM)
     zero = gl.zeros([BM, BN], gl.float32, MMA)
     rmax = gl.zeros([BN], gl.int32, gl.SliceLayout(0, MMA))
     g = 0
     ti = 0
     for t in range(pid, num_tiles, grid):
-        t_next = gl.minimum(t + grid, num_tiles - 1)  # (past the last tile: a real one, never stored)
-        pid_m_next, pid_n_next, _ = _ws_tile(t_next, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
-        route_next, xs_src_next = _ws_scale_rows(pid_m_next, sorted_ids_ptr, a_scale_ptr, routes, stride_asm,
-                                                 A_DIV, GATHERED, ROWS, BM)
+        # (past the last tile: a real one, never stored)
+        pid_m_nn, pid_n_nn = _tile_of(gl.minimum(t + 2 * grid, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+        route_nn = _ws_routes(pid_m_nn, sorted_ids_ptr, ROWS, BM)  # used a tile from now
+        xs_src_n = _ws_row_ptrs(route_n, pid_m_n, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS,
+                                BM)
         acc = zero
         for k in range(num_k):
             c = g + k
@@ -667,8 +675,8 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
             if k == 0:  # this tile's row max scales, written by the decode partition before its first ready
                 rmax = rbuf.index(ti % 2).load(gl.SliceLayout(0, MMA))
             last = k + 1 == num_k
-            xs_next = gl.load(gl.where(last, xs_src_next, xs_src + k + 1),
-                              mask=gl.where(last, route_next, route) < routes, other=0.0)
+            xs_next = gl.load(gl.where(last, xs_src_n, xs_src + k + 1),
+                              mask=gl.where(last, route_n, route) < routes, other=0.0)
             part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
             _barrier()  # the MMA warpgroups' products (the arrive is one thread's)
             mbarrier.arrive(empty.index(c % NBUF), count=1)
@@ -678,43 +686,50 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
         n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
         c_ptrs = c_ptr + route.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
         gl.store(c_ptrs, (acc * wf[None, :]).to(c_ptr.dtype.element_ty), mask=(route < routes)[:, None])
-        pid_n = pid_n_next
-        route = route_next
-        xs_src = xs_src_next
+        pid_m_n, pid_n, pid_n_n = pid_m_nn, pid_n_n, pid_n_nn
+        route, route_n = route_n, route_nn
+        xs_src = xs_src_n
         g += num_k
         ti += 1
 
 
 @gluon.jit
-def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
-               sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am,
-               stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV: gl.constexpr,
-               GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-               LOOK: gl.constexpr, DW: gl.constexpr):
+def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, rmax_ptr, sorted_ids_ptr,
+               expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
+               stride_wse, stride_wsn, stride_re, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
-    ``empty`` says its last product is done), the tile's row max scales into ``rbuf``, and the decode of each
-    chunk into the slot's weight buffer, then ``ready``. It runs up to NBUF chunks ahead of the MMA warps,
-    so a tile's start (its rows, first copies and row max) goes on under the previous tile's last products."""
+    ``empty`` says its last product is done), the tile's row max scales (``rmax_ptr``, [E, N]) into ``rbuf``,
+    and the decode of each chunk into the slot's weight buffer, then ``ready``. It runs up to NBUF chunks
+    ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead and its row max
+    scales during this tile's chunks, so a tile starts with its copies."""
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
+    N_W: gl.constexpr = gl.SliceLayout(1, S2)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
+    X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LOAD)
     R_L: gl.constexpr = gl.BlockedLayout([1], [32], [DW], [0])
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     W_WORDS: gl.constexpr = words_layout(W_SMEM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+    n_w = gl.arange(0, BN, N_W)
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
+    pid_m, pid_n, expert = _ws_tile(pid, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+    route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM)
+    rmax = gl.load(rmax_ptr + expert.to(gl.int64) * stride_re + pid_n * BN + n_w)
     g = 0
     ti = 0
     for t in range(pid, num_tiles, grid):
-        pid_m, pid_n, expert = _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
-        w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                       stride_wsn, P_W, BN)
-        x_rows, row_ok_x, _, _, _ = _block_rows(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes,
-                                                stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
-                                                gl.SliceLayout(1, X_LOAD), BM)
+        pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(t + grid, num_tiles - 1), N, blocks, GROUP_SIZE_M,
+                                              expert_ids_ptr, BN)
+        route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM)  # used a tile from now
+        w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, stride_we, stride_wn,
+                                       stride_wse, stride_wsn, P_W, BN)
+        x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM)[:, None]
+        row_ok_x = route < routes
         for i in gl.static_range(LOOK):
             c = g + i
             mbarrier.wait(empty.index(c % NBUF), ((c // NBUF) & 1) ^ 1)  # the slot's last product done
@@ -722,15 +737,18 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_pt
             _async_load(x_ring.index(c % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
             _async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
-        rmax = _row_max_scale(ws_rows, num_k, S2, BN)
-        rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
+        rbuf.index(ti % 2).store(gl.convert_layout(rmax.to(gl.int32), R_L))
         s = gl.load(ws_rows).to(gl.int32)
+        rmax_w = gl.expand_dims(rmax.to(gl.int32), 1)
+        rmax_n = rmax
         for k in range(num_k):
             c = g + k
+            if k == 1:  # the next tile's row max scales (its expert id has come by now)
+                rmax_n = gl.load(rmax_ptr + expert_n.to(gl.int64) * stride_re + pid_n_n * BN + n_w)
             cp.wait_group(LOOK - 1)  # chunk k (mine)
             words = w_ring.index(c % LOOK).load(P_W)
             s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
+            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax_w, BN), W_WORDS, BN)
             fence_async_shared()
             _barrier()  # the partition's copies landed and decodes stored (the arrive is one thread's)
             mbarrier.arrive(ready.index(c % NBUF), count=1)
@@ -742,6 +760,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_pt
                 _async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
             cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
             s = s_next
+        pid_m, pid_n, expert, route, rmax = pid_m_n, pid_n_n, expert_n, route_n, rmax_n
         g += num_k
         ti += 1
     cp.wait_group(0)
@@ -750,16 +769,17 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_pt
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
                         num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
-                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
-                        GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                        RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, rmax_ptr, stride_re,
+                        A_DIV: gl.constexpr, GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
+                        BLOCK_SIZE_N: gl.constexpr, RING: gl.constexpr, DECODE_WARPS: gl.constexpr,
+                        DECODE_REGS: gl.constexpr, num_warps: gl.constexpr):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
     of CTA barriers, and each program (one an SM) takes every grid-th tile, the decode running ahead into the
     next tile while the MMA warps finish this one. RING slots (num_stages + 1) of activations and decoded
-    weights; packed weights copied num_stages chunks ahead within a tile."""
+    weights; packed weights copied num_stages chunks ahead within a tile. ``rmax_ptr``: each weight row's
+    largest scale code ([E, N] uint8, row stride ``stride_re``), made by the launcher."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     blocks = gl.load(num_padded_ptr) // BM
@@ -780,12 +800,12 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         mbarrier.init(empty.index(i), count=1)
     _barrier()
     gl.warp_specialize([
-        (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                   num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
+        (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks, N,
+                   K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
                    BN, RING, num_warps)),
-        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, a_scale_ptr, w_ptr, w_scale_ptr,
+        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, rmax_ptr,
                       sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
-                      stride_am, stride_asm, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED,
+                      stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_re, A_DIV, GATHERED,
                       BM, BN, RING, RING - 1, DECODE_WARPS)),
     ], [DECODE_WARPS], [DECODE_REGS])
 
@@ -836,7 +856,8 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     kernel, const, options = _kernel(config, a_div, gathered)
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
-             "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
+             "rmax_ptr": "*u8", "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+             "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
                and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
@@ -895,9 +916,13 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered)
     grid = align.max_blocks * (n // bn)
-    if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
+    extra = {}
+    if config.get("DECODE_WARPS", 0):  # persistent: a program an SM; the rows' largest scales made here
         grid = min(grid, _sm_count(a.device))
+        rmax = w_scale.amax(dim=2)
+        extra = {"rmax_ptr": rmax, "stride_re": rmax.stride(0)}
     kernel[(grid,)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **extra, **const,
+        **options)
