@@ -812,7 +812,7 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
 
 # registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool): at BM128 BN128
 # the fewest without spills in either partition with 4 (offline, Triton 3.6); with 8 a few spills either way
-_DECODE_REGS = {4: 120, 8: 72}
+_DECODE_REGS = {4: 120, 8: 104}
 
 
 def _maxnreg(config) -> dict:
@@ -872,6 +872,11 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def scale_row_max(w_scale: torch.Tensor) -> torch.Tensor:
+    """Each weight row's largest scale code, [E, N] uint8."""
+    return w_scale.amax(dim=2)
+
+
 def check_problem(k: int, w: torch.Tensor, config) -> None:
     """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
     SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256 or N of BLOCK_SIZE_N, packed
@@ -919,7 +924,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     extra = {}
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM; the rows' largest scales made here
         grid = min(grid, _sm_count(a.device))
-        rmax = w_scale.amax(dim=2)
+        rmax = scale_row_max(w_scale)
         extra = {"rmax_ptr": rmax, "stride_re": rmax.stride(0)}
     kernel[(grid,)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,

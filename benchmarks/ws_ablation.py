@@ -1,0 +1,109 @@
+"""Where the time of the warp-specialized FP4 GEMM (``DECODE_WARPS``) goes: the kernel timed with parts of its
+work taken out (GPU only; the outputs of the ablated kernels are wrong by design and are not checked).
+
+Variants, each compiled in its own process (a JIT function's hash is taken once per process):
+``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
+wgmma: the MMA warps still wait, rescale and store); ``no_lut_no_mma``. The row max scales are made once,
+outside the timing. Prints one JSON line a variant; with ``--all``, a table last.
+
+    PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
+        --config '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3,
+                   "DECODE_WARPS": 4}'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma")
+
+
+def patch(variant: str) -> None:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+
+    from moetune.kernels import fp4_wgmma as fw
+
+    if "no_lut" in variant:
+        @gluon.jit
+        def _words_as_they_are(words, s, rmax, BN: gl.constexpr):
+            return gl.join(words, words)
+
+        fw._decode_words = _words_as_they_are
+    if "no_mma" in variant:
+        @gluon.jit
+        def _no_mma(a, b, acc, use_acc, is_async):
+            return acc
+
+        @gluon.jit
+        def _no_wait(num_outstanding, deps):
+            return deps[0]
+
+        fw.warpgroup_mma, fw.warpgroup_mma_wait = _no_mma, _no_wait
+
+
+def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
+    import torch
+    import triton
+
+    patch(variant)
+    from gluon_fp4 import GEMMS, gluon_config  # beside this script (path set in main)
+
+    from moetune.kernels import fp4_wgmma as fw
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant.fp8_act import quantize_fp8_act
+    from moetune.quant.mxfp4 import quantize_mxfp4
+
+    n, k, a_div = GEMMS[gemm]
+    cfg = gluon_config(json.dumps(config), gemm)
+    torch.manual_seed(0)
+    e = 256
+    w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
+    tokens = routes // 6
+    rows = tokens if a_div == 6 else routes
+    a, a_s = quantize_fp8_act(torch.randn(rows, k, device="cuda"), k_order="wgmma")
+    topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
+    align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
+    out = torch.empty((routes, n), device="cuda", dtype=torch.float32)
+    rmax = fw.scale_row_max(ws)
+    fw.scale_row_max = lambda _: rmax
+    us = triton.testing.do_bench_cudagraph(
+        lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
+                          a_k_order="wgmma")) * 1e3
+    return {"variant": variant, "gemm": gemm, "routes": routes, "config": config, "us": round(us, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", choices=VARIANTS, default="full")
+    ap.add_argument("--all", action="store_true", help="every variant, each in its own process")
+    ap.add_argument("--gemm", choices=["gate_up", "down"], default="down")
+    ap.add_argument("--routes", type=int, default=24576)
+    ap.add_argument("--config", default='{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, '
+                                        '"num_stages": 3, "DECODE_WARPS": 4}')
+    args = ap.parse_args()
+    config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
+    if not args.all:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        print(json.dumps(run(args.variant, args.gemm, args.routes, config)), flush=True)
+        return
+    rows = []
+    for variant in VARIANTS:
+        cmd = [sys.executable, __file__, "--variant", variant, "--gemm", args.gemm, "--routes",
+               str(args.routes), "--config", json.dumps(config)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else None
+        failed = {"variant": variant, "us": None, "error": done.stderr[-800:]}
+        rows.append(json.loads(line) if line else failed)
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"| variant | {args.gemm} {args.routes} us |\n|---|---:|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['us'] if r['us'] is not None else 'failed'} |")
+
+
+if __name__ == "__main__":
+    main()
