@@ -3,7 +3,8 @@ work taken out (GPU only; the outputs of the ablated kernels are wrong by design
 
 Variants, each compiled in its own process (a JIT function's hash is taken once per process):
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
-wgmma: the MMA warps still wait, rescale and store); ``no_lut_no_mma``. The row max scales are made once,
+wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
+and their combinations. The row max scales are made once,
 outside the timing. Prints one JSON line a variant; with ``--all``, a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
@@ -19,7 +20,8 @@ import os
 import subprocess
 import sys
 
-VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma")
+_COPY = None  # the real copy, for no_act
+VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma")
 
 
 def patch(variant: str) -> None:
@@ -44,6 +46,16 @@ def patch(variant: str) -> None:
             return deps[0]
 
         fw.warpgroup_mma, fw.warpgroup_mma_wait = _no_mma, _no_wait
+    if "no_act" in variant:
+        global _COPY
+        _COPY = fw._async_load
+
+        @gluon.jit
+        def _weights_only(dst, src, mask=None):
+            if dst.dtype == gl.int32:  # the packed weights' ring; the activations' is fp8
+                _COPY(dst, src)
+
+        fw._async_load = _weights_only
 
 
 def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
