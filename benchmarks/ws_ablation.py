@@ -4,7 +4,7 @@ work taken out (GPU only; the outputs of the ablated kernels are wrong by design
 Variants, each compiled in its own process (a JIT function's hash is taken once per process):
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
-and their combinations. The row max scales are made once,
+``no_store`` (the epilogue's stores masked off); and their combinations. The row max scales are made once,
 outside the timing. Prints one JSON line a variant; with ``--all``, a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 _COPY = None  # the real copy, for no_act
-VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma")
+VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
+            "no_store_no_lut_no_mma")
 
 
 def patch(variant: str) -> None:
@@ -56,6 +57,28 @@ def patch(variant: str) -> None:
                 _COPY(dst, src)
 
         fw._async_load = _weights_only
+    if "no_store" in variant:
+        fw._ws_mma = _without_stores(fw)
+
+
+def _without_stores(fw):
+    """``_ws_mma`` with its stores masked off, from its source (a JIT function needs a file to read)."""
+    import importlib.util
+    import inspect
+    import tempfile
+
+    src = inspect.getsource(fw._ws_mma.fn)
+    store_mask = "mask=(route < routes)[:, None])"
+    assert store_mask in src, "the epilogue's store changed: update this ablation"
+    head = ("import moetune.kernels.fp4_wgmma as _fw\n"
+            "globals().update({k: v for k, v in vars(_fw).items() if not k.startswith('__')})\n")
+    path = os.path.join(tempfile.mkdtemp(), "ws_mma_no_store.py")
+    with open(path, "w") as f:
+        f.write(head + src.replace(store_mask, "mask=(route < 0)[:, None])"))
+    spec = importlib.util.spec_from_file_location("ws_mma_no_store", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._ws_mma
 
 
 def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
