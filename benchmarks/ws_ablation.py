@@ -4,8 +4,8 @@ work taken out (GPU only; the outputs of the ablated kernels are wrong by design
 Variants, each compiled in its own process (a JIT function's hash is taken once per process):
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
-``no_store`` (the epilogue's stores masked off); and their combinations. The row max scales are made once,
-outside the timing. Prints one JSON line a variant; with ``--all``, a table last.
+``no_store`` (the epilogue's global stores masked off); and their combinations. Prints one JSON line a
+variant; with ``--all`` (or ``--variants``), a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
         --config '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3,
@@ -68,13 +68,13 @@ def _without_stores(fw):
     import tempfile
 
     src = inspect.getsource(fw._ws_mma.fn)
-    store_mask = "mask=(route < routes)[:, None])"
+    store_mask = "mask=(row < routes)[:, None])"
     assert store_mask in src, "the epilogue's store changed: update this ablation"
     head = ("import moetune.kernels.fp4_wgmma as _fw\n"
             "globals().update({k: v for k, v in vars(_fw).items() if not k.startswith('__')})\n")
     path = os.path.join(tempfile.mkdtemp(), "ws_mma_no_store.py")
     with open(path, "w") as f:
-        f.write(head + src.replace(store_mask, "mask=(route < 0)[:, None])"))
+        f.write(head + src.replace(store_mask, "mask=(row < 0)[:, None])"))
     spec = importlib.util.spec_from_file_location("ws_mma_no_store", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -104,8 +104,6 @@ def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
     topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
     align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
     out = torch.empty((routes, n), device="cuda", dtype=torch.float32)
-    rmax = fw.scale_row_max(ws)
-    fw.scale_row_max = lambda _: rmax
     us = triton.testing.do_bench_cudagraph(
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
                           a_k_order="wgmma")) * 1e3
@@ -116,18 +114,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", choices=VARIANTS, default="full")
     ap.add_argument("--all", action="store_true", help="every variant, each in its own process")
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, help="these variants, each in its own process")
     ap.add_argument("--gemm", choices=["gate_up", "down"], default="down")
     ap.add_argument("--routes", type=int, default=24576)
     ap.add_argument("--config", default='{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, '
                                         '"num_stages": 3, "DECODE_WARPS": 4}')
     args = ap.parse_args()
     config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
-    if not args.all:
+    if not (args.all or args.variants):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         print(json.dumps(run(args.variant, args.gemm, args.routes, config)), flush=True)
         return
     rows = []
-    for variant in VARIANTS:
+    for variant in args.variants or VARIANTS:
         cmd = [sys.executable, __file__, "--variant", variant, "--gemm", args.gemm, "--routes",
                str(args.routes), "--config", json.dumps(config)]
         done = subprocess.run(cmd, capture_output=True, text=True)

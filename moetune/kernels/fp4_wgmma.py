@@ -636,8 +636,8 @@ def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHER
 
 
 @gluon.jit
-def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks, N, K,
-            routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
+def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks,
+            N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
             GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
             num_warps: gl.constexpr):
     """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
@@ -647,6 +647,7 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BN, 32])
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
+    OUT_L: gl.constexpr = gl.BlockedLayout([1, 4], [128 // BN, BN // 4], [num_warps, 1], [1, 0])
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
@@ -683,9 +684,14 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
             acc += part * xs[:, None]
             xs = xs_next
         wf = ((rmax - 1) << 23).to(gl.float32, bitcast=True)  # 2^(rmax - 128)
-        n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, MMA))
-        c_ptrs = c_ptr + route.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-        gl.store(c_ptrs, (acc * wf[None, :]).to(c_ptr.dtype.element_ty), mask=(route < routes)[:, None])
+        # through shared memory, so each warp stores whole rows (16 B a thread) instead of 32-byte pieces
+        # of eight rows (a warp's next read of out_smem is past this tile's chunk barriers)
+        out_smem.store((acc * wf[None, :]).to(c_ptr.dtype.element_ty))
+        _barrier()
+        n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, OUT_L))
+        row = gl.convert_layout(route, gl.SliceLayout(1, OUT_L))
+        c_ptrs = c_ptr + row.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
+        gl.store(c_ptrs, out_smem.load(OUT_L), mask=(row < routes)[:, None])
         pid_m_n, pid_n, pid_n_n = pid_m_nn, pid_n_n, pid_n_nn
         route, route_n = route_n, route_nn
         xs_src = xs_src_n
@@ -694,32 +700,28 @@ def _ws_mma(x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr,
 
 
 @gluon.jit
-def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, rmax_ptr, sorted_ids_ptr,
+def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
-               stride_wse, stride_wsn, stride_re, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
+               stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
+               BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
-    ``empty`` says its last product is done), the tile's row max scales (``rmax_ptr``, [E, N]) into ``rbuf``,
-    and the decode of each chunk into the slot's weight buffer, then ``ready``. It runs up to NBUF chunks
-    ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead and its row max
-    scales during this tile's chunks, so a tile starts with its copies."""
+    ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
+    first copies fly), and the decode of each chunk into the slot's weight buffer, then ``ready``. It runs up
+    to NBUF chunks ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead."""
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
-    N_W: gl.constexpr = gl.SliceLayout(1, S2)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
     X_ROWS: gl.constexpr = gl.SliceLayout(1, X_LOAD)
     R_L: gl.constexpr = gl.BlockedLayout([1], [32], [DW], [0])
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     W_WORDS: gl.constexpr = words_layout(W_SMEM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
-    n_w = gl.arange(0, BN, N_W)
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
     pid_m, pid_n, expert = _ws_tile(pid, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
     route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM)
-    rmax = gl.load(rmax_ptr + expert.to(gl.int64) * stride_re + pid_n * BN + n_w)
     g = 0
     ti = 0
     for t in range(pid, num_tiles, grid):
@@ -737,18 +739,15 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
             _async_load(x_ring.index(c % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
             _async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
-        rbuf.index(ti % 2).store(gl.convert_layout(rmax.to(gl.int32), R_L))
+        rmax = _row_max_scale(ws_rows, num_k, S2, BN)
+        rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
         s = gl.load(ws_rows).to(gl.int32)
-        rmax_w = gl.expand_dims(rmax.to(gl.int32), 1)
-        rmax_n = rmax
         for k in range(num_k):
             c = g + k
-            if k == 1:  # the next tile's row max scales (its expert id has come by now)
-                rmax_n = gl.load(rmax_ptr + expert_n.to(gl.int64) * stride_re + pid_n_n * BN + n_w)
             cp.wait_group(LOOK - 1)  # chunk k (mine)
             words = w_ring.index(c % LOOK).load(P_W)
             s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax_w, BN), W_WORDS, BN)
+            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
             fence_async_shared()
             _barrier()  # the partition's copies landed and decodes stored (the arrive is one thread's)
             mbarrier.arrive(ready.index(c % NBUF), count=1)
@@ -760,7 +759,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
                 _async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
             cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
             s = s_next
-        pid_m, pid_n, expert, route, rmax = pid_m_n, pid_n_n, expert_n, route_n, rmax_n
+        pid_m, pid_n, expert, route = pid_m_n, pid_n_n, expert_n, route_n
         g += num_k
         ti += 1
     cp.wait_group(0)
@@ -769,17 +768,16 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
                         num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
-                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, rmax_ptr, stride_re,
-                        A_DIV: gl.constexpr, GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
-                        BLOCK_SIZE_N: gl.constexpr, RING: gl.constexpr, DECODE_WARPS: gl.constexpr,
-                        DECODE_REGS: gl.constexpr, num_warps: gl.constexpr):
+                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                        GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                        RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
+                        num_warps: gl.constexpr):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
     of CTA barriers, and each program (one an SM) takes every grid-th tile, the decode running ahead into the
     next tile while the MMA warps finish this one. RING slots (num_stages + 1) of activations and decoded
-    weights; packed weights copied num_stages chunks ahead within a tile. ``rmax_ptr``: each weight row's
-    largest scale code ([E, N] uint8, row stride ``stride_re``), made by the launcher."""
+    weights; packed weights copied num_stages chunks ahead within a tile."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     blocks = gl.load(num_padded_ptr) // BM
@@ -793,6 +791,10 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
     w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     rbuf = gl.allocate_shared_memory(gl.int32, [2, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    # the epilogue's tile: 16-byte pieces XOR-swizzled over 8 rows, so that both the accumulator's stores
+    # (8 rows a warp) and the row-wise loads are free of bank conflicts
+    out_smem = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [BM, BN],
+                                         gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RING):
@@ -800,13 +802,13 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         mbarrier.init(empty.index(i), count=1)
     _barrier()
     gl.warp_specialize([
-        (_ws_mma, (x_ring, dec, rbuf, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks, N,
-                   K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
+        (_ws_mma, (x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
+                   blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
                    BN, RING, num_warps)),
-        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, rmax_ptr,
-                      sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
-                      stride_am, stride_we, stride_wn, stride_wse, stride_wsn, stride_re, A_DIV, GATHERED,
-                      BM, BN, RING, RING - 1, DECODE_WARPS)),
+        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+                      expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
+                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
+                      DECODE_WARPS)),
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
@@ -856,7 +858,7 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     kernel, const, options = _kernel(config, a_div, gathered)
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
-             "rmax_ptr": "*u8", "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+             "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
              "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
@@ -870,11 +872,6 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def scale_row_max(w_scale: torch.Tensor) -> torch.Tensor:
-    """Each weight row's largest scale code, [E, N] uint8."""
-    return w_scale.amax(dim=2)
 
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
@@ -921,13 +918,9 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered)
     grid = align.max_blocks * (n // bn)
-    extra = {}
-    if config.get("DECODE_WARPS", 0):  # persistent: a program an SM; the rows' largest scales made here
+    if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
-        rmax = scale_row_max(w_scale)
-        extra = {"rmax_ptr": rmax, "stride_re": rmax.stride(0)}
     kernel[(grid,)](
         a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **extra, **const,
-        **options)
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)

@@ -150,8 +150,9 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     """
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
-        if cfg.get("DECODE_WARPS"):  # a decoded buffer a slot; the packed-weight ring one slot shorter
-            return (st + 1) * (bm + bn) * bk + st * bn * bk // 2 + 4096
+        if cfg.get("DECODE_WARPS"):  # a decoded buffer a slot, the packed-weight ring one slot shorter,
+            # the fp32 output tile of the epilogue
+            return (st + 1) * (bm + bn) * bk + st * bn * bk // 2 + 4 * bm * bn + 4096
         decoded = 3 if cfg.get("MMA_HALVES") else 2
         staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
         return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
