@@ -81,11 +81,15 @@ def _without_stores(fw):
     return module._ws_mma
 
 
-def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
+def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | None) -> dict:
     import torch
     import triton
 
     patch(variant)
+    if decode_regs:
+        from moetune.kernels import fp4_wgmma
+
+        fp4_wgmma._DECODE_REGS[config["DECODE_WARPS"]] = decode_regs
     from gluon_fp4 import GEMMS, gluon_config  # beside this script (path set in main)
 
     from moetune.kernels import fp4_wgmma as fw
@@ -107,7 +111,8 @@ def run(variant: str, gemm: str, routes: int, config: dict) -> dict:
     us = triton.testing.do_bench_cudagraph(
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
                           a_k_order="wgmma")) * 1e3
-    return {"variant": variant, "gemm": gemm, "routes": routes, "config": config, "us": round(us, 1)}
+    return {"variant": variant, "gemm": gemm, "routes": routes, "config": config, "decode_regs": decode_regs,
+            "us": round(us, 1)}
 
 
 def main() -> None:
@@ -117,18 +122,21 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, help="these variants, each in its own process")
     ap.add_argument("--gemm", choices=["gate_up", "down"], default="down")
     ap.add_argument("--routes", type=int, default=24576)
+    ap.add_argument("--decode-regs", type=int, help="registers a decode thread (default: the launcher's)")
     ap.add_argument("--config", default='{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, '
                                         '"num_stages": 3, "DECODE_WARPS": 4}')
     args = ap.parse_args()
     config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
     if not (args.all or args.variants):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        print(json.dumps(run(args.variant, args.gemm, args.routes, config)), flush=True)
+        print(json.dumps(run(args.variant, args.gemm, args.routes, config, args.decode_regs)), flush=True)
         return
     rows = []
     for variant in args.variants or VARIANTS:
         cmd = [sys.executable, __file__, "--variant", variant, "--gemm", args.gemm, "--routes",
                str(args.routes), "--config", json.dumps(config)]
+        if args.decode_regs:
+            cmd += ["--decode-regs", str(args.decode_regs)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else None
         failed = {"variant": variant, "us": None, "error": done.stderr[-800:]}

@@ -814,7 +814,7 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
 
 # registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool): at BM128 BN128
 # the fewest without spills in either partition with 4 (offline, Triton 3.6); with 8 a few spills either way
-_DECODE_REGS = {4: 120, 8: 104}
+_DECODE_REGS = {4: 120, 8: 72}
 
 
 def _maxnreg(config) -> dict:
