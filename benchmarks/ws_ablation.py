@@ -4,7 +4,8 @@ work taken out (GPU only; the outputs of the ablated kernels are wrong by design
 Variants, each compiled in its own process (a JIT function's hash is taken once per process):
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
-``no_store`` (the epilogue's global stores masked off); and their combinations. Prints one JSON line a
+``no_store`` (the epilogue's global stores masked off); ``bf16_out`` (the per-route output in bf16, half
+the bytes); and their combinations. Prints one JSON line a
 variant; with ``--all`` (or ``--variants``), a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
@@ -22,7 +23,7 @@ import sys
 
 _COPY = None  # the real copy, for no_act
 VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
-            "no_store_no_lut_no_mma")
+            "no_store_no_lut_no_mma", "bf16_out")
 
 
 def patch(variant: str) -> None:
@@ -107,7 +108,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     a, a_s = quantize_fp8_act(torch.randn(rows, k, device="cuda"), k_order="wgmma")
     topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
     align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
-    out = torch.empty((routes, n), device="cuda", dtype=torch.float32)
+    dtype = torch.bfloat16 if variant == "bf16_out" else torch.float32
+    out = torch.empty((routes, n), device="cuda", dtype=dtype)
     us = triton.testing.do_bench_cudagraph(
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
                           a_k_order="wgmma")) * 1e3
