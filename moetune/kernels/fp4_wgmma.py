@@ -812,9 +812,10 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
-# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool): at BM128 BN128
-# the fewest without spills in either partition with 4 (offline, Triton 3.6); with 8 a few spills either way
-_DECODE_REGS = {4: 120, 8: 72}
+# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool). With 4, 136:
+# offline (Triton 3.6, BM128 BN128) no spill in the decode partition and a dozen outside the MMA warps' chunk
+# loop; on the H200 down 24576 0.594 ms against 0.620 with 120 (results/lut_s19, call 6). With 8, 72.
+_DECODE_REGS = {4: 136, 8: 72}
 
 
 def _maxnreg(config) -> dict:
