@@ -31,8 +31,9 @@ of 305. On the H200 (session 17) 1.09-1.14x the SCALE_RING 0 kernel's time at 15
 this one's second half is rescaled; on the H200 faster only with 64-row tiles (gate/up at 37-59 rows an
 expert, session 18). ``DECODE_WARPS`` 4 or 8 (SWAP_AB 0): persistent and warp-specialized, a partition of that
 many warps copies and decodes for the MMA warps through mbarriers (``fp4_wgmma_ws_kernel``; down 24576 routes
-0.610 ms against 0.655, session 18). A persistent version of the plain SWAP_AB 0 loop was slower at every
-point measured and was removed (results/fp4_prefill.md, session 18).
+0.587 ms against the plain loop's 0.655, sessions 18-19; what each of its parts costs: results/fp4_prefill.md,
+session 19, and ``benchmarks/ws_ablation.py``). A persistent version of the plain SWAP_AB 0 loop was slower at
+every point measured and was removed (results/fp4_prefill.md, session 18).
 
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
