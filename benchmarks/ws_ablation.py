@@ -5,9 +5,8 @@ Variants, each compiled in its own process (a JIT function's hash is taken once 
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
 ``no_store`` (the epilogue's global stores masked off); ``bf16_out`` (the per-route output in bf16, half
-the bytes); ``asm_pool`` (each e4m3 pool made in registers by fp16 multiplies and conversions, as before
-session 19, instead of loaded from the 16-entry table); and their combinations. Any IMPL gluon config runs.
-Prints one JSON line a variant; with ``--all`` (or ``--variants``), a table last.
+the bytes); and their combinations. Prints one JSON line a
+variant; with ``--all`` (or ``--variants``), a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
         --config '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3,
@@ -23,9 +22,8 @@ import subprocess
 import sys
 
 _COPY = None  # the real copy, for no_act
-_POOL_ASM = None  # fp4_gemm's pool PTX, for asm_pool
 VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
-            "no_store_no_lut_no_mma", "bf16_out", "asm_pool")
+            "no_store_no_lut_no_mma", "bf16_out")
 
 
 def patch(variant: str) -> None:
@@ -60,18 +58,6 @@ def patch(variant: str) -> None:
                 _COPY(dst, src)
 
         fw._async_load = _weights_only
-    if variant == "asm_pool":
-        global _POOL_ASM
-        from moetune.kernels.fp4_gemm import _E4M3_POOL_ASM
-
-        _POOL_ASM = _E4M3_POOL_ASM
-
-        @gluon.jit
-        def _pools_in_registers(d, pool_ptr):
-            return gl.inline_asm_elementwise(_POOL_ASM, "=r,=r,r", [d], dtype=(gl.int32, gl.int32),
-                                             is_pure=True, pack=1)
-
-        fw._pools = _pools_in_registers
     if "no_store" in variant:
         fw._ws_mma = _without_stores(fw)
 

@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from ..device import interpreter_active
 from ..quant.fp8_act import to_wgmma_k_order
-from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, LUT_MAX_D, e4m3_pools
+from .fp4_gemm import _E2M1_TO_E4M3_LUT_ASM, _E4M3_POOL_ASM
 
 # cp.async global -> shared: async_copy_global_to_shared in Triton 3.6, async_load in later versions
 _async_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
@@ -107,18 +107,12 @@ def _keep_alive(a, never):
 
 
 @gluon.jit
-def _pools(d, pool_ptr):
-    """The e4m3 pool of re-base distance d (``fp4_gemm.e4m3_pools`` as int64 [16]: one load, in L1) as its
-    low and high words: codes 0-3 and 4-7."""
-    pool = gl.load(pool_ptr + d)
-    return (pool & 0xFFFFFFFF).to(gl.int32), (pool >> 32).to(gl.int32)
-
-
-@gluon.jit
-def _decode_words(words, s, rmax, pool_ptr, BN: gl.constexpr):
+def _decode_words(words, s, rmax, BN: gl.constexpr):
     """Packed words [BN, 4(q), 4(b)] (real K order), their group scales s [BN, 4] and the row's largest
     scale rmax [BN, 1] -> the re-based e4m3 words [BN, q, b, h] (4 weights each, h: the word's K half)."""
-    lo, hi = _pools(gl.minimum(rmax - s, LUT_MAX_D), pool_ptr)
+    d = gl.minimum(rmax - s, 15)
+    lo, hi = gl.inline_asm_elementwise(_E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(gl.int32, gl.int32),
+                                       is_pure=True, pack=1)
     lo = gl.expand_dims(lo, 2).broadcast_to([BN, 4, 4])
     hi = gl.expand_dims(hi, 2).broadcast_to([BN, 4, 4])
     first, second = gl.inline_asm_elementwise(_LUT_WORD_ASM, "=r,=r,r,r,r", [words, lo, hi],
@@ -127,11 +121,10 @@ def _decode_words(words, s, rmax, pool_ptr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _decode(words, s, rmax, pool_ptr, L5: gl.constexpr, BN: gl.constexpr):
+def _decode(words, s, rmax, L5: gl.constexpr, BN: gl.constexpr):
     """``_decode_words`` in the A operand's registers. Words cross the loop, not bytes: a carried byte
     tensor is repacked every trip."""
-    return gl.convert_layout(_decode_words(words, s, rmax, pool_ptr, BN), gl.SliceLayout(4, L5),
-                             assert_trivial=True)
+    return gl.convert_layout(_decode_words(words, s, rmax, BN), gl.SliceLayout(4, L5), assert_trivial=True)
 
 
 @gluon.jit
@@ -227,7 +220,7 @@ def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src
 
 @gluon.jit
 def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src, row_ok_s,
-           as_rows, row_ok_m, rmax, pool_ptr, acc, a_cur, s_next, s_far, xs, never, MMA: gl.constexpr,
+           as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA: gl.constexpr,
            A_OP: gl.constexpr, L5: gl.constexpr, P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
            RING: gl.constexpr, SCALE_RING: gl.constexpr):
     """Chunk k: its wgmma issued async; under it, the copies of chunk k + RING - 1, the decode of chunk
@@ -249,7 +242,7 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
         _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
     cp.commit_group()
     cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
-    a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, pool_ptr, L5, BN)
+    a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
     s_next = s_far
     s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
     if SCALE_RING:
@@ -267,8 +260,8 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                     num_padded_ptr, pool_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
-                     stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                     num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
+                     stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % BLOCK_SIZE_N == 0, K % 256 == 0."""
@@ -329,7 +322,7 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
     cp.wait_group(RING - 2)
-    a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, pool_ptr, L5, BN)
+    a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
     s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
     s_far = gl.load(ws_rows + 2 * (CHUNK // 32)).to(gl.int32)
     if SCALE_RING:
@@ -342,8 +335,7 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
         for u in gl.static_range(2):
             acc, a_cur, s_next, s_far, xs = _chunk(
                 k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src,
-                row_ok_s, as_rows, row_ok_m, rmax, pool_ptr, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP,
-                L5, P_W,
+                row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP, L5, P_W,
                 BN, BM, RING, SCALE_RING)
     cp.wait_group(0)
 
@@ -379,7 +371,7 @@ else:
 
 @gluon.jit
 def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, as_rows, row_ok_m,
-                w_cur, w_next_buf, rmax, pool_ptr, acc, s_next, xs, MMA: gl.constexpr, P_W: gl.constexpr,
+                w_cur, w_next_buf, rmax, acc, s_next, xs, MMA: gl.constexpr, P_W: gl.constexpr,
                 W_WORDS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, RING: gl.constexpr):
     """Chunk k of the SWAP_AB 0 kernel, one wait and two CTA barriers (one here, one the compiler adds for
     the ring's cp.async writes and the wgmma's read of it): the copies of chunk k + RING - 1 go out
@@ -395,7 +387,7 @@ def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_r
     cp.commit_group()
     part = warpgroup_mma(x_ring.index(k % RING), w_cur.permute((1, 0)),
                          gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
-    w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, pool_ptr, BN)
+    w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
     _store_words(w_next_buf, w_next, W_WORDS, BN)
     fence_async_shared()
     s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
@@ -407,11 +399,10 @@ def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_r
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                          num_padded_ptr, pool_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
-                          stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M,
-                          A_DIV: gl.constexpr, GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
-                          BLOCK_SIZE_N: gl.constexpr, RING: gl.constexpr, SCALE_RING: gl.constexpr,
-                          num_warps: gl.constexpr):
+                          num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
+                          stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                          GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                          RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
     """SWAP_AB 0: the activations are the wgmma's M side (BLOCK_SIZE_M / 64 warpgroups, both operands from
     shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
@@ -465,7 +456,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
     cp.wait_group(RING - 2)
-    w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, pool_ptr, BN)
+    w0 = _decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
     acc = gl.zeros([BM, BN], gl.float32, MMA)
     if SCALE_RING:  # a CTA barrier for each shared-memory hazard (four a chunk); fewer instructions a chunk
         _store_words(w_dec.index(0), w0, W_WORDS, BN)
@@ -485,7 +476,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
             _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
             cp.commit_group()
             cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
-            w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, pool_ptr, BN)
+            w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
             _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
             s_next = gl.load(ws_rows + gl.minimum(k + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
             part, w_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, w_next])
@@ -497,11 +488,11 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
         xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
         for k0 in range(0, num_k, 2):
             acc, s_next, xs = _smem_chunk(k0, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
-                                          ws_rows, xs_src, row_ok_s, w_even, w_odd, rmax, pool_ptr, acc,
-                                          s_next, xs, MMA, P_W, W_WORDS, BM, BN, RING)
+                                          ws_rows, xs_src, row_ok_s, w_even, w_odd, rmax, acc, s_next, xs,
+                                          MMA, P_W, W_WORDS, BM, BN, RING)
             acc, s_next, xs = _smem_chunk(k0 + 1, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows,
-                                          ws_rows, xs_src, row_ok_s, w_odd, w_even, rmax, pool_ptr, acc,
-                                          s_next, xs, MMA, P_W, W_WORDS, BM, BN, RING)
+                                          ws_rows, xs_src, row_ok_s, w_odd, w_even, rmax, acc, s_next, xs,
+                                          MMA, P_W, W_WORDS, BM, BN, RING)
     cp.wait_group(0)
 
     wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(0, MMA)) - 1) << 23  # 2^(rmax - 128)
@@ -519,20 +510,19 @@ def _half(dec, c, h: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _decode_into(dec, c, w_ring, s, rmax, pool_ptr, P_W: gl.constexpr, W_WORDS: gl.constexpr,
-                 BN: gl.constexpr, RING: gl.constexpr):
+def _decode_into(dec, c, w_ring, s, rmax, P_W: gl.constexpr, W_WORDS: gl.constexpr, BN: gl.constexpr,
+                 RING: gl.constexpr):
     """Chunk c's packed weights (ring) into its decoded buffer, fenced for the wgmma."""
-    _store_words(dec.index(c % 3), _decode_words(w_ring.index(c % RING).load(P_W), s, rmax, pool_ptr, BN),
-                 W_WORDS, BN)
+    _store_words(dec.index(c % 3), _decode_words(w_ring.index(c % RING).load(P_W), s, rmax, BN), W_WORDS, BN)
     fence_async_shared()
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                            num_padded_ptr, pool_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
-                            stride_we, stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M,
-                            A_DIV: gl.constexpr, GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr,
-                            BLOCK_SIZE_N: gl.constexpr, RING: gl.constexpr, num_warps: gl.constexpr):
+                            num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
+                            stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                            GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
+                            RING: gl.constexpr, num_warps: gl.constexpr):
     """SWAP_AB 0, SCALE_RING 0, ``MMA_HALVES``: each chunk's wgmma in two N halves, and the next chunk's first
     half issued before this one's second half is rescaled, so the tensor cores have the next product queued
     while the accumulator takes the last one (``fp4_wgmma_smem_kernel`` waits for the whole product, then
@@ -569,7 +559,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     num_k = K // CHUNK
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
     cp.wait_group(RING - 3)  # chunks 0 and 1 (mine)
-    _decode_into(dec, 0, w_ring, gl.load(ws_rows).to(gl.int32), rmax, pool_ptr, P_W, W_WORDS, BN, RING)
+    _decode_into(dec, 0, w_ring, gl.load(ws_rows).to(gl.int32), rmax, P_W, W_WORDS, BN, RING)
     s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
     xs = gl.load(xs_src, mask=row_ok_s, other=0.0)
     _barrier()
@@ -580,7 +570,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     for c in range(num_k - 1):
         part_b = warpgroup_mma(x_ring.index(c % RING), _half(dec, c, 1, BN), zero, use_acc=False,
                                is_async=True)
-        _decode_into(dec, c + 1, w_ring, s_next, rmax, pool_ptr, P_W, W_WORDS, BN, RING)
+        _decode_into(dec, c + 1, w_ring, s_next, rmax, P_W, W_WORDS, BN, RING)
         s_next = gl.load(ws_rows + gl.minimum(c + 2, num_k - 1) * (CHUNK // 32)).to(gl.int32)
         xs_next = gl.load(xs_src + c + 1, mask=row_ok_s, other=0.0)
         # (the in-flight half stays a wait's operand, never reassigned from one: a loop carries its token)
@@ -711,7 +701,7 @@ def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorte
 
 
 @gluon.jit
-def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, pool_ptr, sorted_ids_ptr,
+def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
                stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
                BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
@@ -758,7 +748,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
             cp.wait_group(LOOK - 1)  # chunk k (mine)
             words = w_ring.index(c % LOOK).load(P_W)
             s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, pool_ptr, BN), W_WORDS, BN)
+            _store_words(dec.index(c % NBUF), _decode_words(words, s, rmax, BN), W_WORDS, BN)
             fence_async_shared()
             _barrier()  # the partition's copies landed and decodes stored (the arrive is one thread's)
             mbarrier.arrive(ready.index(c % NBUF), count=1)
@@ -778,8 +768,8 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                        num_padded_ptr, pool_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
-                        stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+                        num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
+                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
                         num_warps: gl.constexpr):
@@ -816,10 +806,10 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         (_ws_mma, (x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
                    blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
                    BN, RING, num_warps)),
-        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, pool_ptr,
-                      sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M,
-                      stride_am, stride_we, stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING,
-                      RING - 1, DECODE_WARPS)),
+        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+                      expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
+                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
+                      DECODE_WARPS)),
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
@@ -871,7 +861,7 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-             "num_padded_ptr": "*i32", "pool_ptr": "*i64"}
+             "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
                and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
@@ -933,7 +923,6 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
     kernel[(grid,)](
-        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded,
-        e4m3_pools(a.device).view(torch.int64).reshape(-1), n, k,
+        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
         w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (Measured, then reverted: the table was slower everywhere; moetune/kernels/fp4_wgmma.py at commit eaea296.)
 # Session 19, call 11: the e4m3 pools from a 16-entry table (one L1 load a row and group) instead of fp16
 # multiplies and conversions in every Gluon kernel: GPU tests, then table against registers (ws_ablation full /
 # asm_pool) at the picks of down 24576, down 6144 and gate/up 6144.   OUT=/tmp/out bash results/lut_s19/call11.sh
