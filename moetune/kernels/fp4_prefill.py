@@ -23,6 +23,7 @@ from ..specs.fp4_prefill import GEMMS, normalize_config
 from . import fp4_gemm
 from .fp4_act import swiglu_quant
 from .moe_align import Alignment, align_routes
+from .moe_sum import moe_sum
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 # Scale codes each decode handles exactly (see fp4_gemm).
@@ -189,10 +190,10 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                           k_order=order["down"])
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
-    down = torch.zeros(routes, h, dtype=torch.float32, device=x.device)
+    down = torch.empty(routes, h, dtype=torch.float32, device=x.device)  # inactive routes' rows: never read
     grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
                  a_k_order=order["down"])
-    return down.view(m, top_k, h).sum(dim=1).to(x.dtype)
+    return moe_sum(down, topk_ids, x.dtype)
 
 
 def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
