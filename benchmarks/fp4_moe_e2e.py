@@ -1,0 +1,66 @@
+"""The whole FP4 prefill MoE (``fp4_prefill_moe``: activation quantization, alignment, gate/up GEMM, swiglu
+and its quantization, down GEMM, the sum over top_k) timed end to end with the tables' picks, and its last
+step alone: ``moe_sum`` against what it replaced (zeroing the fp32 per-route buffer the down GEMM writes,
+``view(m, top_k, h).sum(1)``, the cast). DeepSeek-V4-Flash at TP 2 (E 256, hidden 4096, 1024 intermediate
+a rank, top_k 6), uniform routing; CUDA-graph timings (``triton.testing.do_bench_cudagraph``). Writes e2e.json
+under --out, prints a table last.
+
+    PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import triton
+
+E, H, INTER, TOP_K = 256, 4096, 1024, 6
+
+
+def point(routes: int, w13, w2) -> dict:
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe
+    from moetune.kernels.moe_sum import moe_sum
+    from moetune.routing import make_routes
+
+    m = routes // TOP_K
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    down = torch.randn(routes, H, device="cuda")
+
+    def replaced():
+        torch.zeros_like(down)
+        return down.view(m, TOP_K, H).sum(dim=1).to(torch.bfloat16)
+
+    bench = triton.testing.do_bench_cudagraph
+    return {"routes": routes, "moe_ms": bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids)),
+            "sum_replaced_ms": bench(replaced),
+            "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("e2e_out"))
+    ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
+    args = ap.parse_args()
+
+    from moetune.quant.mxfp4 import quantize_mxfp4
+
+    torch.manual_seed(0)
+    w13 = quantize_mxfp4(torch.randn(E, 2 * INTER, H, device="cuda", dtype=torch.bfloat16) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(E, H, INTER, device="cuda", dtype=torch.bfloat16) * 0.05)
+    rows = []
+    for routes in args.routes:
+        rows.append(point(routes, w13, w2))
+        print(json.dumps(rows[-1]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "e2e.json").write_text(json.dumps(rows, indent=1))
+    print("| routes | fp4_prefill_moe ms | zeros + sum + cast ms | moe_sum ms |\n|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['routes']} | {r['moe_ms']:.4f} | {r['sum_replaced_ms']:.4f} | {r['moe_sum_ms']:.4f} |")
+
+
+if __name__ == "__main__":
+    main()
