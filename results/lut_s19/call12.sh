@@ -4,8 +4,8 @@
 #   OUT=/tmp/out bash results/lut_s19/call12.sh
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-MOETUNE_TEST_GPU=1 timeout 60 python -m pytest -q tests/test_moe_sum.py tests/test_fp4_wgmma.py -k "moe_sum or sums or \
-reads_rows or empty or match_reference" > "$OUT/gpu_tests.log" 2>&1
+MOETUNE_TEST_GPU=1 timeout 50 python -m pytest -q tests/test_moe_sum.py tests/test_fp4_wgmma.py -k "sums or reads_rows or empty or match_reference" \
+  > "$OUT/gpu_tests.log" 2>&1
 tail -1 "$OUT/gpu_tests.log"; grep -E "^FAILED|^E  " "$OUT/gpu_tests.log" | head -10
-timeout 170 python benchmarks/fp4_moe_e2e.py --out "$OUT" --routes 1536 6144 24576 > "$OUT/e2e.log" 2>&1
+timeout 150 python benchmarks/fp4_moe_e2e.py --out "$OUT" --routes 24576 6144 > "$OUT/e2e.log" 2>&1
 tail -6 "$OUT/e2e.log"
