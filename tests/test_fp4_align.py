@@ -58,3 +58,19 @@ def test_worst_case_exactly_fits():
     a = align_routes(ids, 8, 16)
     assert a.num_padded.item() == 128 and a.sorted_ids.numel() >= 128
     _check(ids, 8, 16)
+
+
+@pytest.mark.gpu
+def test_alignment_is_captured_by_a_cuda_graph():
+    """No host copies or syncs: a CUDA graph of align_routes replays to the eager result for new ids."""
+    ids = torch.randint(-1, 8, (64, 4), device="cuda", dtype=torch.int32)
+    align_routes(ids, 8, 16)  # warm-up outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = align_routes(ids, 8, 16)
+    ids.copy_(torch.randint(-1, 8, (64, 4), device="cuda", dtype=torch.int32))
+    graph.replay()
+    eager = align_routes(ids, 8, 16)
+    for got, want in ((captured.sorted_ids, eager.sorted_ids), (captured.expert_ids, eager.expert_ids),
+                      (captured.num_padded, eager.num_padded)):
+        assert torch.equal(got, want)

@@ -54,7 +54,7 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alig
     sorted_key = key[order]
     rank = torch.arange(routes, device=dev) - cnt_start[sorted_key]
     slots = max_slots(routes, num_experts, block_m)
-    start = torch.cat((pad_start, torch.tensor([slots], device=dev)))  # dump bin -> slot `slots`
+    start = torch.cat((pad_start, pad_start.new_full((1,), slots)))  # dump bin -> slot `slots` (no host copy)
     dest = torch.where(sorted_key < num_experts, start[sorted_key] + rank, slots)
     sorted_ids = torch.full((slots + 1,), routes, dtype=torch.int32, device=dev)
     sorted_ids.scatter_(0, dest, order.to(torch.int32))
