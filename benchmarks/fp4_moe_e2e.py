@@ -5,7 +5,9 @@ step alone: ``moe_sum`` against what it replaced (zeroing the fp32 per-route buf
 a rank, top_k 6), uniform routing; CUDA-graph timings (``triton.testing.do_bench_cudagraph``). Writes e2e.json
 under --out, prints a table last.
 
-    PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576
+    PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576 [--profile]
+
+``--profile`` adds each point's GPU kernels (torch.profiler: time per kernel over 5 calls) under --out.
 """
 
 from __future__ import annotations
@@ -45,10 +47,30 @@ def point(routes: int, w13, w2) -> dict:
             "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16))}
 
 
+def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
+    """torch.profiler's table of the GPU kernels of ``calls`` calls of fp4_prefill_moe (after a warm-up)."""
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe
+    from moetune.routing import make_routes
+
+    m = routes // TOP_K
+    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
+    ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    fp4_prefill_moe(x, *w13, *w2, wts, ids)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fp4_prefill_moe(x, *w13, *w2, wts, ids)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    return f"{routes} routes, {calls} calls\n{table}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("e2e_out"))
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
+    ap.add_argument("--profile", action="store_true",
+                    help="also the GPU time of each kernel of fp4_prefill_moe (torch.profiler), per point")
     args = ap.parse_args()
 
     from moetune.quant.mxfp4 import quantize_mxfp4
@@ -60,6 +82,11 @@ def main() -> None:
     for routes in args.routes:
         rows.append(point(routes, w13, w2))
         print(json.dumps(rows[-1]), flush=True)
+        if args.profile:
+            args.out.mkdir(parents=True, exist_ok=True)
+            table = kernel_times(routes, w13, w2)
+            (args.out / f"kernels_{routes}.txt").write_text(table)
+            print(table, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "e2e.json").write_text(json.dumps(rows, indent=1))
     print("| routes | fp4_prefill_moe ms | zeros + sum + cast ms | moe_sum ms |\n|---:|---:|---:|---:|")
