@@ -61,7 +61,7 @@ def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
         for _ in range(calls):
             fp4_prefill_moe(x, *w13, *w2, wts, ids)
         torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=20)
+    table = prof.key_averages().table(sort_by="device_time_total", row_limit=20)
     return f"{routes} routes, {calls} calls\n{table}"
 
 
