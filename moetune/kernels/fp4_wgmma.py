@@ -648,7 +648,8 @@ def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorte
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BN, 32])
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    OUT_L: gl.constexpr = gl.BlockedLayout([1, 4], [128 // BN, BN // 4], [num_warps, 1], [1, 0])
+    OUT_COLS: gl.constexpr = min(32, BN // 4)  # lanes along a row, 4 values each
+    OUT_L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // OUT_COLS, OUT_COLS], [num_warps, 1], [1, 0])
     num_k = K // CHUNK
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
