@@ -23,7 +23,7 @@ import sys
 
 _COPY = None  # the real copy, for no_act
 VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
-            "no_store_no_lut_no_mma", "bf16_out")
+            "no_store_no_lut_no_mma", "bf16_out", "no_act_bf16_out", "no_act_no_store")
 
 
 def patch(variant: str) -> None:
@@ -108,7 +108,7 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     a, a_s = quantize_fp8_act(torch.randn(rows, k, device="cuda"), k_order="wgmma")
     topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
     align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
-    dtype = torch.bfloat16 if variant == "bf16_out" else torch.float32
+    dtype = torch.bfloat16 if "bf16_out" in variant else torch.float32
     out = torch.empty((routes, n), device="cuda", dtype=dtype)
     us = triton.testing.do_bench_cudagraph(
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
