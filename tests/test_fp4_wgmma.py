@@ -111,6 +111,14 @@ def test_gluon_config_values_are_checked():
                   {"DECODE_WARPS": 4}):
         with pytest.raises(ValueError, match="DECODE_WARPS 4 is a switch of IMPL 'gluon' with SWAP_AB 0"):
             normalize_config(other)
+    resident = {**ws, "A_RESIDENT": 1, "GROUP_SIZE_M": 1}
+    assert normalize_config(resident)["A_RESIDENT"] == 1
+    for bad in ({**resident, "A_RESIDENT": 2}, {**resident, "A_RESIDENT": True}):
+        with pytest.raises(ValueError, match="A_RESIDENT must be"):
+            normalize_config(bad)
+    for other in ({**resident, "DECODE_WARPS": 0}, {**resident, "GROUP_SIZE_M": 8}):
+        with pytest.raises(ValueError, match="A_RESIDENT 1 is a switch of DECODE_WARPS .* must be 1"):
+            normalize_config(other)
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -121,6 +129,8 @@ def _problem(n=2048, k=4096, routes=6144):
 
 
 def test_gluon_constraint_needs_sm90_and_whole_tiles():
+    from moetune.spec import Problem, get_spec
+
     spec, problem = _problem()
     assert spec.constraint(GLUON, problem, H200) is None
     assert "sm_90" in spec.constraint(GLUON, problem, INTERPRETER)
@@ -142,6 +152,18 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     ws = {**GLUON_SMEM, "DECODE_WARPS": 4}
     assert spec.constraint(ws, problem, H200) is None
     assert "BLOCK_SIZE_M <= 128" in spec.constraint({**ws, "BLOCK_SIZE_M": 256}, dense, H200)
+    # A_RESIDENT holds the M-block's K / 128 activation chunks: down's K 1024 at BM 128 fits with a bf16
+    # output tile (~227 KB) but not an fp32 one, gate/up's K 4096 never
+    resident = {**ws, "A_RESIDENT": 1, "GROUP_SIZE_M": 1, "BLOCK_SIZE_N": 128}
+    down = Problem("fp4_prefill.down", {"E": 256, "N": 4096, "K": 1024, "top_k": 6}, 4096, 24576)
+    down_spec = get_spec("fp4_prefill.down")
+    assert down_spec.constraint({**resident, "OUT_DTYPE": "bf16"}, down, H200) is None
+    assert "shared memory" in down_spec.constraint(resident, down, H200)
+    assert down_spec.constraint({**resident, "BLOCK_SIZE_N": 64}, down, H200) is None
+    assert "shared memory" in spec.constraint({**resident, "OUT_DTYPE": "bf16"}, dense, H200)
+    small_k = Problem("fp4_prefill.down", {"E": 256, "N": 4096, "K": 256, "top_k": 6}, 4096, 24576)
+    assert "K / 128 >= num_stages + 1" in down_spec.constraint({**resident, "BLOCK_SIZE_N": 64}, small_k,
+                                                               H200)
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
@@ -151,12 +173,17 @@ def test_gluon_configs_are_candidates_once_per_tile():
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
-              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"])
-             for c in gluon}
+              c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
+              c["A_RESIDENT"], c["OUT_DTYPE"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
-    assert {(c["SWAP_AB"], c["SCALE_RING"], c["MMA_HALVES"], c["DECODE_WARPS"]) for c in gluon} == {
-        (1, 0, 0, 0), (1, 1, 0, 0), (0, 0, 0, 0), (0, 1, 0, 0), (0, 0, 1, 0), (0, 0, 0, 4), (0, 0, 0, 8)}
-    assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] for c in spec.candidates() if c["IMPL"] != "gluon")
+    switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
+    assert {tuple(c[k] for k in switches) for c in gluon} == {
+        (1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 4, 0),
+        (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1)}
+    assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"])
+    assert {c["OUT_DTYPE"] for c in spec.candidates() if c["IMPL"] == "triton"} == {"fp32", "bf16"}
+    assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
+                   if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -178,9 +205,11 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
 @pytest.mark.parametrize("config", [GLUON, {**GLUON, "SCALE_RING": 1}, GLUON_SMEM,
                                     {**GLUON_SMEM, "SCALE_RING": 1},
                                     {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3},
-                                    {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8}],
+                                    {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8},
+                                    {**GLUON_SMEM, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1,
+                                     "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
-                              "smem-decode-warps-4", "smem-decode-warps-8"])
+                              "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -193,7 +222,8 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     code = (
         "import json, sys\n"
         "from moetune.kernels.fp4_wgmma import compile_for_sm90\n"
-        "k = compile_for_sm90(json.loads(sys.argv[1]))\n"
+        "cfg = json.loads(sys.argv[1])\n"
+        "k = compile_for_sm90(cfg, out_dtype=cfg.get('OUT_DTYPE', 'fp32'))\n"
         "print(json.dumps({'async': 'isAsync = true' in k.asm['ttgir'], "
         "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared}))\n"
     )
@@ -204,12 +234,13 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["async"] and got["wgmma"]
     ring = config["num_stages"] + 1  # activation and packed-weight chunks, and SWAP_AB 0's decoded pair
-    staged = 0 if config["SWAP_AB"] else (2 + config.get("MMA_HALVES", 0)) * config["BLOCK_SIZE_N"] * 128
-    if config.get("DECODE_WARPS"):  # a decoded buffer a slot, a packed-weight slot fewer, the fp32 output
-        staged = ring * config["BLOCK_SIZE_N"] * 128 - config["BLOCK_SIZE_N"] * 64
-        staged += 4 * config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"]
-    assert got["shared"] >= ring * (config["BLOCK_SIZE_M"] + config["BLOCK_SIZE_N"] // 2) * 128 + staged
-    assert got["shared"] <= smem_bytes(normalize_config(config))  # what the constraint checks against
+    bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
+    acts = (1024 // 128 if config.get("A_RESIDENT") else ring) * bm * 128  # A_RESIDENT: all K (1024) of it
+    staged = 0 if config["SWAP_AB"] else (2 + config.get("MMA_HALVES", 0)) * bn * 128
+    if config.get("DECODE_WARPS"):  # a decoded buffer a slot, a packed-weight slot fewer, the output tile
+        staged = ring * bn * 128 - bn * 64 + (2 if config.get("OUT_DTYPE") == "bf16" else 4) * bm * bn
+    assert got["shared"] >= acts + ring * bn // 2 * 128 + staged
+    assert got["shared"] <= smem_bytes(normalize_config(config), 1024)  # what the constraint checks against
 
 
 @pytest.mark.gpu
@@ -271,6 +302,7 @@ def test_gluon_reads_either_k_order_on_gpu():
 
 
 H, W4, W8 = {"MMA_HALVES": 1}, {"DECODE_WARPS": 4}, {"DECODE_WARPS": 8}
+R, R8 = ({"DECODE_WARPS": w, "A_RESIDENT": 1, "GROUP_SIZE_M": 1} for w in (4, 8))
 
 
 @pytest.mark.gpu
@@ -280,11 +312,14 @@ H, W4, W8 = {"MMA_HALVES": 1}, {"DECODE_WARPS": 4}, {"DECODE_WARPS": 8}
     (H, 64, 64, 4, 3, 512, "gathered"), (W4, 128, 128, 8, 2, 1024, "indexed"),
     (W4, 128, 64, 8, 3, 256, "gathered"), (W4, 64, 128, 4, 3, 4096, "indexed"),
     (W4, 128, 32, 4, 2, 768, "indexed"), (W4, 64, 64, 4, 2, 512, "gathered"),
-    (W8, 128, 128, 8, 2, 1024, "indexed"), (W8, 64, 128, 4, 3, 4096, "gathered")])
+    (W8, 128, 128, 8, 2, 1024, "indexed"), (W8, 64, 128, 4, 3, 4096, "gathered"),
+    (R, 128, 64, 8, 2, 1024, "indexed"), (R, 128, 32, 4, 3, 768, "gathered"),
+    (R, 64, 128, 4, 2, 1024, "indexed"), (R8, 128, 64, 8, 2, 512, "indexed")])
 def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn, warps, stages, k, layout):
-    """MMA_HALVES (each wgmma in two N halves) and DECODE_WARPS (4 or 8 warps that copy and decode) run the
-    SWAP_AB 0 SCALE_RING 0 arithmetic: against the plain loop, to fp32 rounding; every active route's row
-    written (NaN-poisoned beforehand), skewed and partly inactive routes, K from 2 to 32 chunks."""
+    """MMA_HALVES (each wgmma in two N halves) and DECODE_WARPS (4 or 8 warps that copy and decode; with
+    A_RESIDENT the M-block's activations held over its N tiles) run the SWAP_AB 0 SCALE_RING 0 arithmetic:
+    against the plain loop, to fp32 rounding; every active route's row written (NaN-poisoned beforehand),
+    skewed and partly inactive routes, K from 2 to 32 chunks."""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.quant import quantize_fp8_act, quantize_mxfp4

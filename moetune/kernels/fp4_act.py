@@ -40,8 +40,8 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, str
         return
     offs = g * GROUP + tl.arange(0, GROUP)
     ok = offs < inter
-    gate = tl.load(gu_ptr + r * stride_gu + offs, mask=ok, other=0.0)
-    up = tl.load(gu_ptr + r * stride_gu + inter + offs, mask=ok, other=0.0)
+    gate = tl.load(gu_ptr + r * stride_gu + offs, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + r * stride_gu + inter + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -65,7 +65,7 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, str
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
                  group: int = 128, *, k_order: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
-    """``gate_up [R, 2I]`` fp32 and ``weights``, ``ids`` ``[R]`` ->
+    """``gate_up [R, 2I]`` (fp32 or bf16, math in fp32) and ``weights``, ``ids`` ``[R]`` ->
     ``(q e4m3 [R, I], scales fp32 [R, ceil(I / group)])``; rows of inactive routes are left unwritten.
     ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (I % 128 == 0, group 128)."""
     routes, two_i = gate_up.shape

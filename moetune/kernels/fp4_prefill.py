@@ -26,6 +26,7 @@ from .moe_align import Alignment, align_routes
 from .moe_sum import moe_sum
 
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)
 # Scale codes each decode handles exactly (see fp4_gemm).
 SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "fp8_row": (2, 254), "f16": (2, 254),
                "fp8_scaled": (0, 248)}
@@ -44,6 +45,10 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
     if a_k_order == "wgmma" and not gluon:
         raise ValueError("a_k_order 'wgmma' is the K order of config IMPL 'gluon'; this config runs IMPL "
                          f"{config.get('IMPL', 'triton')!r}, which reads A in real order")
+    out_dtype = OUT_DTYPES[config.get("OUT_DTYPE", "fp32")]
+    if out.dtype != out_dtype:
+        raise ValueError(f"out is {out.dtype}, config OUT_DTYPE {config.get('OUT_DTYPE', 'fp32')!r} writes "
+                         f"{out_dtype}")
     gathered = config.get("A_LAYOUT", "indexed") == "gathered"
     if gathered:
         from .gather_rows import gather_rows_with_scales
@@ -182,7 +187,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                 fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
     xq, xs = quantize_fp8_act(x, k_order=order["gate_up"])
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
-    gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
+    gate_up = torch.empty(routes, 2 * inter, dtype=OUT_DTYPES[cfgs["gate_up"]["OUT_DTYPE"]], device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
                  a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
@@ -190,7 +195,8 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                           k_order=order["down"])
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
-    down = torch.empty(routes, h, dtype=torch.float32, device=x.device)  # inactive routes' rows: never read
+    # inactive routes' rows: never read
+    down = torch.empty(routes, h, dtype=OUT_DTYPES[cfgs["down"]["OUT_DTYPE"]], device=x.device)
     grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
                  a_k_order=order["down"])
     return moe_sum(down, topk_ids, x.dtype)

@@ -620,6 +620,38 @@ def _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
 
 
 @gluon.jit
+def _ws_range(num_tiles, A_RESIDENT: gl.constexpr):
+    """A persistent program's tiles as (first, stop, step): every grid-th tile, or with A_RESIDENT an equal
+    run of consecutive ones (an M-block's N tiles in a row, so its activations are copied once)."""
+    pid = gl.program_id(0)
+    grid = gl.num_programs(0)
+    first, stop, step = pid, num_tiles, grid
+    if A_RESIDENT:
+        first, stop, step = pid * num_tiles // grid, (pid + 1) * num_tiles // grid, 1
+    return first, stop, step
+
+
+@gluon.jit
+def _x_slot(x_buf, c, k, NBUF: gl.constexpr, A_RESIDENT: gl.constexpr):
+    """The activation buffer of chunk c (k within its tile): the ring's slot, or the resident chunk k."""
+    slot = c % NBUF
+    if A_RESIDENT:
+        slot = k
+    return x_buf.index(slot)
+
+
+@gluon.jit
+def _x_copy(x_buf, c, k, x_rows, cols_x, row_ok_x, fresh, NBUF: gl.constexpr, A_RESIDENT: gl.constexpr):
+    """Chunk k's activations into their buffer; resident ones only for a tile of a new M-block (``fresh``):
+    a masked copy would still write the buffer (zeros)."""
+    if A_RESIDENT:
+        if fresh:
+            _async_load(x_buf.index(k), x_rows + k * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+    else:
+        _async_load(x_buf.index(c % NBUF), x_rows + k * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+
+
+@gluon.jit
 def _ws_routes(pid_m, sorted_ids_ptr, ROWS: gl.constexpr, BM: gl.constexpr):
     """The M-block's route ids (padding: ``routes``) in ROWS."""
     return gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, ROWS))
@@ -637,10 +669,10 @@ def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHER
 
 
 @gluon.jit
-def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks,
+def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks,
             N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
             GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-            num_warps: gl.constexpr):
+            A_RESIDENT: gl.constexpr, num_warps: gl.constexpr):
     """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
     activations and decoded weights are in (``ready``), the slot given back (``empty``) as soon as the
     product is waited for, then the rescale; each tile's epilogue while the decode partition goes on into
@@ -648,24 +680,24 @@ def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorte
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BN, 32])
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
-    OUT_COLS: gl.constexpr = min(32, BN // 4)  # lanes along a row, 4 values each
-    OUT_L: gl.constexpr = gl.BlockedLayout([1, 4], [32 // OUT_COLS, OUT_COLS], [num_warps, 1], [1, 0])
+    VEC: gl.constexpr = 128 // c_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes a thread
+    OUT_COLS: gl.constexpr = min(32, BN // VEC)  # lanes along a row
+    OUT_L: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // OUT_COLS, OUT_COLS], [num_warps, 1], [1, 0])
     num_k = K // CHUNK
-    pid = gl.program_id(0)
-    grid = gl.num_programs(0)
-    pid_m, pid_n = _tile_of(pid, N, blocks, GROUP_SIZE_M, BN)
+    first, stop, step = _ws_range(num_tiles, A_RESIDENT)
+    pid_m, pid_n = _tile_of(first, N, blocks, GROUP_SIZE_M, BN)
     route = _ws_routes(pid_m, sorted_ids_ptr, ROWS, BM)
     xs_src = _ws_row_ptrs(route, pid_m, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS, BM)
     xs = gl.load(xs_src, mask=route < routes, other=0.0)
-    pid_m_n, pid_n_n = _tile_of(gl.minimum(pid + grid, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+    pid_m_n, pid_n_n = _tile_of(gl.minimum(first + step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
     route_n = _ws_routes(pid_m_n, sorted_ids_ptr, ROWS, BM)
     zero = gl.zeros([BM, BN], gl.float32, MMA)
     rmax = gl.zeros([BN], gl.int32, gl.SliceLayout(0, MMA))
     g = 0
     ti = 0
-    for t in range(pid, num_tiles, grid):
+    for t in range(first, stop, step):
         # (past the last tile: a real one, never stored)
-        pid_m_nn, pid_n_nn = _tile_of(gl.minimum(t + 2 * grid, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+        pid_m_nn, pid_n_nn = _tile_of(gl.minimum(t + 2 * step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
         route_nn = _ws_routes(pid_m_nn, sorted_ids_ptr, ROWS, BM)  # used a tile from now
         xs_src_n = _ws_row_ptrs(route_n, pid_m_n, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS,
                                 BM)
@@ -673,8 +705,8 @@ def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorte
         for k in range(num_k):
             c = g + k
             mbarrier.wait(ready.index(c % NBUF), (c // NBUF) & 1)
-            part = warpgroup_mma(x_ring.index(c % NBUF), dec.index(c % NBUF).permute((1, 0)), zero,
-                                 use_acc=False, is_async=True)
+            part = warpgroup_mma(_x_slot(x_buf, c, k, NBUF, A_RESIDENT), dec.index(c % NBUF).permute((1, 0)),
+                                 zero, use_acc=False, is_async=True)
             if k == 0:  # this tile's row max scales, written by the decode partition before its first ready
                 rmax = rbuf.index(ti % 2).load(gl.SliceLayout(0, MMA))
             last = k + 1 == num_k
@@ -702,10 +734,11 @@ def _ws_mma(x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorte
 
 
 @gluon.jit
-def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
                stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
-               BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr):
+               BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
+               A_RESIDENT: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
     ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
@@ -720,25 +753,28 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
     W_WORDS: gl.constexpr = words_layout(W_SMEM)
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     num_k = K // CHUNK
-    pid = gl.program_id(0)
-    grid = gl.num_programs(0)
-    pid_m, pid_n, expert = _ws_tile(pid, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+    first, stop, step = _ws_range(num_tiles, A_RESIDENT)
+    pid_m, pid_n, expert = _ws_tile(first, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
     route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM)
     g = 0
     ti = 0
-    for t in range(pid, num_tiles, grid):
-        pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(t + grid, num_tiles - 1), N, blocks, GROUP_SIZE_M,
+    held = -1  # the M-block whose activations are resident
+    for t in range(first, stop, step):
+        pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(t + step, num_tiles - 1), N, blocks, GROUP_SIZE_M,
                                               expert_ids_ptr, BN)
         route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM)  # used a tile from now
         w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, stride_we, stride_wn,
                                        stride_wse, stride_wsn, P_W, BN)
         x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM)[:, None]
         row_ok_x = route < routes
+        fresh = pid_m != held
+        held = pid_m
         for i in gl.static_range(LOOK):
             c = g + i
-            mbarrier.wait(empty.index(c % NBUF), ((c // NBUF) & 1) ^ 1)  # the slot's last product done
+            # the slot's last product done (resident: chunk i of the last tile too, as NBUF <= num_k)
+            mbarrier.wait(empty.index(c % NBUF), ((c // NBUF) & 1) ^ 1)
             kn = gl.minimum(i, num_k - 1)
-            _async_load(x_ring.index(c % NBUF), x_rows + kn * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+            _x_copy(x_buf, c, kn, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
             _async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
         rmax = _row_max_scale(ws_rows, num_k, S2, BN)
@@ -756,8 +792,7 @@ def _ws_decode(x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_pt
             if k + LOOK < num_k:  # the copies of chunk k + LOOK of this tile
                 cn = c + LOOK
                 mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)
-                _async_load(x_ring.index(cn % NBUF), x_rows + (k + LOOK) * CHUNK + cols_x[None, :],
-                            mask=row_ok_x[:, None])
+                _x_copy(x_buf, cn, k + LOOK, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
                 _async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
             cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
             s = s_next
@@ -773,30 +808,36 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-                        num_warps: gl.constexpr):
+                        A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
     of CTA barriers, and each program (one an SM) takes every grid-th tile, the decode running ahead into the
     next tile while the MMA warps finish this one. RING slots (num_stages + 1) of activations and decoded
-    weights; packed weights copied num_stages chunks ahead within a tile."""
+    weights; packed weights copied num_stages chunks ahead within a tile.
+
+    ``A_RESIDENT``: X_SLOTS = K / 128 activation chunks, the whole M-block, stay in shared memory while the
+    program runs through consecutive tiles; they are copied again only when the M-block changes (each chunk
+    once its last product is done, which the ring's ``empty`` already says), instead of once a tile."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     blocks = gl.load(num_padded_ptr) // BM
     num_tiles = blocks * (N // BN)
-    if gl.program_id(0) >= num_tiles:
+    first, stop, step = _ws_range(num_tiles, A_RESIDENT)
+    if first >= stop:
         return
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
-    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    x_buf = gl.allocate_shared_memory(gl.float8e4nv, [X_SLOTS, BM, CHUNK], X_SMEM)
     dec = gl.allocate_shared_memory(gl.float8e4nv, [RING, BN, CHUNK], W_SMEM)
     w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     rbuf = gl.allocate_shared_memory(gl.int32, [2, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # the epilogue's tile: 16-byte pieces XOR-swizzled over 8 rows, so that both the accumulator's stores
     # (8 rows a warp) and the row-wise loads are free of bank conflicts
+    VEC: gl.constexpr = 128 // c_ptr.dtype.element_ty.primitive_bitwidth
     out_smem = gl.allocate_shared_memory(c_ptr.dtype.element_ty, [BM, BN],
-                                         gl.SwizzledSharedLayout(4, 1, 8, [1, 0]))
+                                         gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RING):
@@ -804,13 +845,13 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         mbarrier.init(empty.index(i), count=1)
     _barrier()
     gl.warp_specialize([
-        (_ws_mma, (x_ring, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
+        (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
                    blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
-                   BN, RING, num_warps)),
-        (_ws_decode, (x_ring, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+                   BN, RING, A_RESIDENT, num_warps)),
+        (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                       expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
                       stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                      DECODE_WARPS)),
+                      DECODE_WARPS, A_RESIDENT)),
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
@@ -829,7 +870,7 @@ def _maxnreg(config) -> dict:
     return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
 
 
-def _kernel(config, a_div: int, gathered: bool):
+def _kernel(config, a_div: int, gathered: bool, k: int):
     """The kernel a config runs (SWAP_AB: weights as the wgmma's M side, in registers; else through shared
     memory; MMA_HALVES: that one with each chunk's product in two halves), its constexpr arguments and launch
     options."""
@@ -840,7 +881,9 @@ def _kernel(config, a_div: int, gathered: bool):
         return fp4_wgmma_halves_kernel, const, {}
     if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
         dw = config["DECODE_WARPS"]
-        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw])
+        resident = bool(config.get("A_RESIDENT", 0))
+        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw], A_RESIDENT=resident,
+                     X_SLOTS=k // 128 if resident else const["RING"])
         threads = 32 * (config["num_warps"] + dw)
         return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
@@ -849,19 +892,21 @@ def _kernel(config, a_div: int, gathered: bool):
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
-def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False):
-    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations), for
-    resource reports and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
+def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024,
+                     out_dtype: str = "fp32"):
+    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K, which
+    only A_RESIDENT specializes on, and the per-route output's dtype, "fp32" or "bf16"), for resource reports
+    and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
     import inspect
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel, const, options = _kernel(config, a_div, gathered)
+    kernel, const, options = _kernel(config, a_div, gathered, k)
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
-             "c_ptr": "*fp32", "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
+             "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
              "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
@@ -896,6 +941,15 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
             raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 runs BLOCK_SIZE_M <= 128 "
                              f"(256 stopped on a misaligned address on the H200), got "
                              f"{config['BLOCK_SIZE_M']}")
+    if config.get("A_RESIDENT", 0):
+        from ..specs.fp4_prefill import smem_bytes
+
+        smem = smem_bytes(config, k)
+        limit = torch.cuda.get_device_properties(w.device).shared_memory_per_block_optin
+        if k // 128 < config["num_stages"] + 1 or smem > limit:
+            raise ValueError(f"config A_RESIDENT holds K / 128 = {k // 128} activation chunks: needs at "
+                             f"least num_stages + 1 = {config['num_stages'] + 1} and ~{smem} bytes of shared "
+                             f"memory within the device's {limit}")
     if k % 256 or n % bn:
         raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
                          f"got K {k}, N {n}")
@@ -919,7 +973,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         raise ValueError(f"a_k_order must be 'real' or 'wgmma' (then a contiguous along K), got "
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
-    kernel, const, options = _kernel(config, a_div, gathered)
+    kernel, const, options = _kernel(config, a_div, gathered, k)
     grid = align.max_blocks * (n // bn)
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))

@@ -36,12 +36,16 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "SCALE_RING": (0, 1),
     "MMA_HALVES": (0, 1),
     "DECODE_WARPS": (0, 4, 8),
+    "A_RESIDENT": (0, 1),
+    "OUT_DTYPE": ("fp32", "bf16"),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
 # MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
 # rescaled) and DECODE_WARPS (4 or 8: a warp-specialized partition of that many warps copies and decodes for
-# the MMA warps).
+# the MMA warps), with it A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
+# consecutive N tiles). OUT_DTYPE, any IMPL: the per-route rows' dtype (bf16 halves the bytes the epilogue
+# stores and the next step reads, for a rounding far under the fp8 activations' and the tolerance).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -49,7 +53,7 @@ DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
-    "MMA_HALVES": 0, "DECODE_WARPS": 0,
+    "MMA_HALVES": 0, "DECODE_WARPS": 0, "A_RESIDENT": 0, "OUT_DTYPE": "fp32",
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -94,7 +98,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES"):
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     if isinstance(cfg["DECODE_WARPS"], bool):
@@ -122,6 +126,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
                                 or cfg["MMA_HALVES"]):
         raise ValueError(f"config DECODE_WARPS {cfg['DECODE_WARPS']} is a switch of IMPL 'gluon' with "
                          f"SWAP_AB 0, SCALE_RING 0 and MMA_HALVES 0")
+    if cfg["A_RESIDENT"] and (not cfg["DECODE_WARPS"] or cfg["GROUP_SIZE_M"] != 1):
+        raise ValueError(f"config A_RESIDENT 1 is a switch of DECODE_WARPS 4 or 8 and runs an M-block's N "
+                         f"tiles in a row: GROUP_SIZE_M must be 1; got DECODE_WARPS {cfg['DECODE_WARPS']}, "
+                         f"GROUP_SIZE_M {cfg['GROUP_SIZE_M']}")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -132,8 +140,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     return cfg
 
 
-def smem_bytes(cfg: Mapping[str, Any]) -> int:
-    """Shared memory one program allocates, an upper bound fitted to what Triton allocates.
+def smem_bytes(cfg: Mapping[str, Any], k: int | None = None) -> int:
+    """Shared memory one program allocates, an upper bound fitted to what Triton allocates. With
+    A_RESIDENT it grows with K (the M-block's whole activations): without ``k``, the ring's share.
 
     Fitted to ``metadata.shared`` of 146 configs across every design compiled for sm_90 (Triton 3.9)
     and to the Triton 3.6 failure (M256 N128 K256 bf16, 1 stage: 393,216 B); results/fp4_prefill.md
@@ -151,8 +160,12 @@ def smem_bytes(cfg: Mapping[str, Any]) -> int:
     bm, bn, bk, st = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"], max(1, cfg["num_stages"])
     if cfg.get("IMPL") == "gluon":  # rings of num_stages + 1 activation and packed-weight chunks
         if cfg.get("DECODE_WARPS"):  # a decoded buffer a slot, the packed-weight ring one slot shorter,
-            # the fp32 output tile of the epilogue
-            return (st + 1) * (bm + bn) * bk + st * bn * bk // 2 + 4 * bm * bn + 4096
+            # the output tile of the epilogue; activations a slot or (A_RESIDENT) all K / 128 chunks; the row
+            # maxima and barriers (8 * BN + 1536: Triton 3.6 allocates 1340-3388 bytes over the buffers at
+            # BN 64-256)
+            x_slots = k // bk if cfg.get("A_RESIDENT") and k else st + 1
+            out = (2 if cfg.get("OUT_DTYPE") == "bf16" else 4) * bm * bn
+            return x_slots * bm * bk + (st + 1) * bn * bk + st * bn * bk // 2 + out + 8 * bn + 1536
         decoded = 3 if cfg.get("MMA_HALVES") else 2
         staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
         return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
@@ -243,6 +256,13 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 runs BLOCK_SIZE_M <= 128 (256: misaligned address)"
     if cfg["MMA_HALVES"] and (cfg["num_stages"] < 3 or cfg["BLOCK_SIZE_N"] < 32):
         return "IMPL gluon with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32 (halves of >= 16)"
+    if cfg["A_RESIDENT"]:
+        if shape["K"] // 128 < cfg["num_stages"] + 1:
+            return f"A_RESIDENT needs K / 128 >= num_stages + 1 (the ring), got K {shape['K']}"
+        smem = smem_bytes(cfg, shape["K"])
+        if smem > device.max_shared_mem:
+            return (f"A_RESIDENT with K {shape['K']} needs ~{smem} bytes of shared memory, device allows "
+                    f"{device.max_shared_mem}")
     side = "BLOCK_SIZE_N" if cfg["SWAP_AB"] else "BLOCK_SIZE_M"
     if cfg[side] % (16 * cfg["num_warps"]):
         return f"IMPL gluon gives each warp 16 of {side}'s rows: {side} {cfg[side]}, {cfg['num_warps']} warps"
@@ -279,24 +299,29 @@ class Fp4PrefillSpec(KernelSpec):
 
     def candidates(self) -> Iterator[Config]:
         """The space's product without the configs no problem can run: the switches and BLOCK_SIZE_K are
-        checked once per combination (and per M tile <= or > the N tile, all A_QUADS reads of the tiles),
-        and only the valid combinations are crossed with the tiles. The survivors of the constraint are the
-        full product's (tests/test_fp4_spec.py); about 40% of the raw product, whose checks were half of a
-        six-point V4-Flash plan's 20 s here (session 15)."""
+        checked once per combination (and per M tile <= or > the N tile, all A_QUADS reads of the tiles, and
+        per GROUP_SIZE_M 1 or not, all A_RESIDENT reads), and only the valid combinations are crossed with
+        the tiles. The survivors of the constraint are the full product's (tests/test_fp4_spec.py); about 40%
+        of the raw product, whose checks were half of a six-point V4-Flash plan's 20 s here (session 15)."""
         tile_keys = [k for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "GROUP_SIZE_M", "num_warps", "num_stages")
                      if k in self.space]
         rest = [k for k in self.space if k not in tile_keys]
-        valid: dict[bool, list[tuple]] = {}
+        valid: dict[tuple[bool, bool], list[tuple]] = {}
         for m_over_n in (False, True):
             tile = {"BLOCK_SIZE_M": 32 if m_over_n else 16, "BLOCK_SIZE_N": 16 if m_over_n else 32,
                     "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 1}
-            valid[m_over_n] = [
-                combo for combo in itertools.product(*(self.space[k] for k in rest))
-                if _config_check(self.gemm, tuple({**tile, **dict(zip(rest, combo, strict=True))}.items()))[0]
-                is None]
+
+            def ok(combo: tuple, tile: dict = tile, **tile_keys: int) -> bool:
+                items = {**tile, **tile_keys, **dict(zip(rest, combo, strict=True))}.items()
+                return _config_check(self.gemm, tuple(items))[0] is None
+
+            valid[m_over_n, True] = [c for c in itertools.product(*(self.space[k] for k in rest)) if ok(c)]
+            # a larger GROUP_SIZE_M only takes configs away (A_RESIDENT's)
+            valid[m_over_n, False] = [c for c in valid[m_over_n, True] if ok(c, GROUP_SIZE_M=8)]
         for tiles in itertools.product(*(self.space[k] for k in tile_keys)):
             fixed = dict(zip(tile_keys, tiles, strict=True))
-            for combo in valid[fixed["BLOCK_SIZE_M"] > fixed["BLOCK_SIZE_N"]]:
+            group_one = fixed.get("GROUP_SIZE_M", self.default["GROUP_SIZE_M"]) == 1
+            for combo in valid[fixed["BLOCK_SIZE_M"] > fixed["BLOCK_SIZE_N"], group_one]:
                 yield {**fixed, **dict(zip(rest, combo, strict=True))}
 
     def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
@@ -398,7 +423,9 @@ class Fp4PrefillSpec(KernelSpec):
         out = torch.empty(problem.tokens * top_k, n, dtype=torch.float32, device=device)
         tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
                    "topk_ids": ids, "topk_weights": topk_weights}
-        extra = {"align": {}, "top_k": top_k, "weights": weights}
+        # OUT_DTYPE bf16 writes here; ``collect`` widens it into the checked fp32 output
+        extra = {"align": {}, "top_k": top_k, "weights": weights,
+                 "out_bf16": torch.empty_like(out, dtype=torch.bfloat16)}
         if k % 128 == 0:  # for IMPL gluon
             extra["a_wgmma"] = to_wgmma_k_order(aq)
         return Inputs(tensors, (out,), extra=extra)
@@ -424,15 +451,20 @@ class Fp4PrefillSpec(KernelSpec):
         a, order = t["a"], "real"
         if cfg["IMPL"] == "gluon" and "a_wgmma" in inputs.extra:
             a, order = inputs.extra["a_wgmma"], "wgmma"
-        grouped_gemm(a, t["a_scale"], t["w"], t["w_scale"], inputs.outputs[0],
-                     self._align(inputs, cfg["BLOCK_SIZE_M"]), a_div=a_div, config=cfg, a_k_order=order)
+        out = inputs.extra["out_bf16"] if cfg["OUT_DTYPE"] == "bf16" else inputs.outputs[0]
+        grouped_gemm(a, t["a_scale"], t["w"], t["w_scale"], out, self._align(inputs, cfg["BLOCK_SIZE_M"]),
+                     a_div=a_div, config=cfg, a_k_order=order)
+
+    def collect(self, inputs: Inputs, config: Config) -> None:
+        if normalize_config(config, self.gemm)["OUT_DTYPE"] == "bf16":
+            inputs.outputs[0].copy_(inputs.extra["out_bf16"])
 
     def poison(self, inputs: Inputs) -> None:
         """NaN in every row the op owns; rows of inactive routes are never written, so zero."""
-        out = inputs.outputs[0]
         active = inputs.tensors["topk_ids"].reshape(-1) >= 0
-        out.fill_(float("nan"))
-        out[~active] = 0.0
+        for out in (inputs.outputs[0], inputs.extra["out_bf16"]):
+            out.fill_(float("nan"))
+            out[~active] = 0.0
 
     def reference(self, inputs: Inputs) -> tuple[torch.Tensor, ...]:
         from ..quant.fp8_act import dequantize_fp8_act
