@@ -71,6 +71,38 @@ def test_tiles_and_decodes_match_reference(gate_up, down, device):
     assert _rel(out, ref) < 1e-2
 
 
+def test_bf16_route_rows_are_the_fp32_rows_rounded(device):
+    """OUT_DTYPE bf16 (down's): the per-route rows are the fp32 rows cast (the interpreter's cast truncates
+    where the GPU rounds: one bf16 ulp), the sum over top_k reads them, and the whole path stays in
+    tolerance; gate/up refuses it (its rows feed the fp8 quantizer)."""
+    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act
+    from moetune.specs.fp4_prefill import normalize_config
+
+    x, w13p, w13s, w2p, w2s, wts, ids = args = _problem(m=20, h=160, i=96, e=4, top_k=2, active=0.8,
+                                                        device=device)
+    cfg = _cfg(32, 64, 64, "fp8_row", "lut")
+    q, s = quantize_fp8_act(torch.randn(40, 96, generator=torch.Generator().manual_seed(1)).to(device))
+    align = align_routes(ids, 4, 32)
+    active = ids.reshape(-1) >= 0
+    rows = {}
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        rows[name] = torch.full((40, 160), float("nan"), dtype=dtype, device=device)
+        grouped_gemm(q, s, w2p, w2s, rows[name], align, a_div=1,
+                     config=normalize_config({**cfg, "OUT_DTYPE": name}, "down"))
+    f32, b16 = rows["fp32"][active], rows["bf16"][active].float()
+    assert torch.isfinite(b16).all() and f32.abs().sum() > 0
+    torch.testing.assert_close(b16, f32, rtol=2 ** -7, atol=0)
+    with pytest.raises(ValueError, match="OUT_DTYPE 'bf16' writes torch.bfloat16"):
+        grouped_gemm(q, s, w2p, w2s, rows["fp32"], align, a_div=1,
+                     config=normalize_config({**cfg, "OUT_DTYPE": "bf16"}, "down"))
+    out = fp4_prefill_moe(*args, config={"gate_up": cfg, "down": {**cfg, "OUT_DTYPE": "bf16"}})
+    assert _rel(out, fp4_prefill_moe_reference(*args)) < 1e-2
+    with pytest.raises(ValueError, match="OUT_DTYPE 'bf16' is down's only"):
+        fp4_prefill_moe(*args, config={"gate_up": {**cfg, "OUT_DTYPE": "bf16"}, "down": cfg})
+
+
 def _spread_weights(e, n, k, max_d, g):
     """MXFP4 weights whose 32-blocks are 2^0 .. 2^-max_d apart inside every chunk and row."""
     shift = torch.randint(0, max_d + 1, (e, n, k // 32, 1), generator=g).float()
@@ -213,6 +245,8 @@ def test_bad_inputs_name_the_argument():
     ({"gate_up": {"W_TMA": 2}}, "W_TMA"),
     ({"down": {"W_TMA": 1, "DECODE": "fp8_scaled"}}, "W_TMA"),
     ({"gate_up": {"SCALE_AHEAD": True}}, "SCALE_AHEAD"),
+    ({"down": {"OUT_DTYPE": "fp16"}}, "OUT_DTYPE"),
+    ({"down": {"A_RESIDENT": 1}}, "A_RESIDENT"),
     ({"down": {"SCALE_AHEAD": 1, "DECODE": "fp8_scaled"}}, "SCALE_AHEAD"),
     ({"down": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "halves", "BLOCK_SIZE_K": 64}}, "A_QUADS"),
     ({"gate_up": {"A_QUADS": 1, "DECODE": "fp8", "UNPACK": "lut", "BLOCK_SIZE_M": 128}}, "A_QUADS"),

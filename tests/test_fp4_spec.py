@@ -124,6 +124,16 @@ def test_spec_run_passes_accuracy_gate_with_poisoned_outputs(op, device):
     # a run that skips rows is caught: the poisoned rows stay NaN
     spec.poison(inputs)
     assert not spec.passes(spec.error(inputs.outputs, ref))
+    if op == "fp4_prefill.down":  # bf16 rows: written to their own buffer, widened by collect
+        bf16 = dict(cfgs[1], OUT_DTYPE="bf16")
+        spec.poison(inputs)
+        spec.run(inputs, bf16)
+        assert not spec.passes(spec.error(inputs.outputs, ref))  # not collected yet
+        spec.collect(inputs, bf16)
+        assert spec.passes(spec.error(inputs.outputs, ref))
+        spec.poison(inputs)
+        spec.collect(inputs, bf16)  # a poisoned bf16 buffer: caught as well
+        assert not spec.passes(spec.error(inputs.outputs, ref))
 
 
 def test_smem_estimate_bounds_what_triton_allocates():

@@ -160,7 +160,7 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
     assert down_spec.constraint({**resident, "OUT_DTYPE": "bf16"}, down, H200) is None
     assert "shared memory" in down_spec.constraint(resident, down, H200)
     assert down_spec.constraint({**resident, "BLOCK_SIZE_N": 64}, down, H200) is None
-    assert "shared memory" in spec.constraint({**resident, "OUT_DTYPE": "bf16"}, dense, H200)
+    assert "shared memory" in spec.constraint(resident, dense, H200)  # gate/up, K 4096
     small_k = Problem("fp4_prefill.down", {"E": 256, "N": 4096, "K": 256, "top_k": 6}, 4096, 24576)
     assert "K / 128 >= num_stages + 1" in down_spec.constraint({**resident, "BLOCK_SIZE_N": 64}, small_k,
                                                                H200)
@@ -174,14 +174,15 @@ def test_gluon_configs_are_candidates_once_per_tile():
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
               c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
-              c["A_RESIDENT"], c["OUT_DTYPE"]) for c in gluon}
+              c["A_RESIDENT"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
     switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
     assert {tuple(c[k] for k in switches) for c in gluon} == {
         (1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 4, 0),
         (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1)}
     assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"])
-    assert {c["OUT_DTYPE"] for c in spec.candidates() if c["IMPL"] == "triton"} == {"fp32", "bf16"}
+    assert "OUT_DTYPE" not in spec.space  # down's only
+    assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
     assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
                    if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
@@ -240,7 +241,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     if config.get("DECODE_WARPS"):  # a decoded buffer a slot, a packed-weight slot fewer, the output tile
         staged = ring * bn * 128 - bn * 64 + (2 if config.get("OUT_DTYPE") == "bf16" else 4) * bm * bn
     assert got["shared"] >= acts + ring * bn // 2 * 128 + staged
-    assert got["shared"] <= smem_bytes(normalize_config(config), 1024)  # what the constraint checks against
+    assert got["shared"] <= smem_bytes(normalize_config(config, "down"), 1024)  # what the constraint checks
 
 
 @pytest.mark.gpu
@@ -345,10 +346,45 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", [
+    {"IMPL": "triton", "DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64},
+    {**GLUON, "BLOCK_SIZE_N": 64}, {**GLUON_SMEM, "BLOCK_SIZE_N": 64},
+    {**GLUON_SMEM, "BLOCK_SIZE_N": 128, "DECODE_WARPS": 4},
+    {**GLUON_SMEM, "BLOCK_SIZE_N": 128, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1}],
+    ids=["triton", "swap", "smem", "decode-warps", "decode-warps-resident"])
+def test_bf16_rows_are_the_fp32_rows_rounded_on_gpu(config):
+    """OUT_DTYPE bf16 (down): every kernel's bf16 rows are its fp32 rows rounded, bit for bit; each active
+    route's row written (NaN-poisoned beforehand). BM128 BN128 with A_RESIDENT fits only with bf16 rows."""
+    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(17)
+    e, n, k, routes = 16, 1024, 1024, 3072
+    ids, _ = make_routes(routes // 4, 4, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
+                         device="cuda")
+    w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
+    order = "wgmma" if config["IMPL"] == "gluon" else "real"
+    q, s = quantize_fp8_act(torch.randn(routes, k, generator=g).cuda(), k_order=order)
+    align = align_routes(ids, e, config["BLOCK_SIZE_M"])
+    active = ids.flatten() >= 0
+    rows = {}
+    for dtype, name in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        cfg = normalize_config({**config, "OUT_DTYPE": name}, "down")
+        if name == "fp32" and cfg["A_RESIDENT"]:  # the same rows from the ring
+            cfg.update(A_RESIDENT=0)
+        rows[name] = torch.full((routes, n), float("nan"), dtype=dtype, device="cuda")
+        grouped_gemm(q, s, w, ws, rows[name], align, a_div=1, config=cfg, a_k_order=order)
+    assert torch.isfinite(rows["fp32"][active]).all() and rows["fp32"][active].abs().sum() > 0
+    assert torch.equal(rows["bf16"][active], rows["fp32"][active].to(torch.bfloat16))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("switch", ["MMA_HALVES", "DECODE_WARPS"])
 def test_smem_variants_match_reference_on_gpu(switch):
-    """fp4_prefill_moe with MMA_HALVES or DECODE_WARPS for both GEMMs (K 1024 and 512) against the fp32
-    reference."""
+    """fp4_prefill_moe with MMA_HALVES or DECODE_WARPS for both GEMMs (K 1024 and 512; DECODE_WARPS' down with
+    A_RESIDENT and bf16 rows) against the fp32 reference."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import quantize_mxfp4
     from moetune.routing import make_routes
@@ -361,7 +397,10 @@ def test_smem_variants_match_reference_on_gpu(switch):
     ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
     cfg = {**GLUON_SMEM, "BLOCK_SIZE_N": 64, "num_stages": 3}
     on = {switch: 4 if switch == "DECODE_WARPS" else 1}
-    config = {"gate_up": {**cfg, **on}, "down": {**cfg, "BLOCK_SIZE_N": 128, **on}}
+    down = {**cfg, "BLOCK_SIZE_N": 128, **on}
+    if switch == "DECODE_WARPS":  # with down's activations resident and its rows in bf16
+        down.update(A_RESIDENT=1, GROUP_SIZE_M=1, OUT_DTYPE="bf16", num_stages=2)
+    config = {"gate_up": {**cfg, **on}, "down": down}
     out = fp4_prefill_moe(x, *w13, *w2, wts, ids, config=config)
     ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
     assert torch.isfinite(out).all()

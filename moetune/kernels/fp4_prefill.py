@@ -187,7 +187,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                 fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
     xq, xs = quantize_fp8_act(x, k_order=order["gate_up"])
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
-    gate_up = torch.empty(routes, 2 * inter, dtype=OUT_DTYPES[cfgs["gate_up"]["OUT_DTYPE"]], device=x.device)
+    gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
                  a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
