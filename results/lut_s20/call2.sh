@@ -12,7 +12,7 @@ for c in "{$B, \"BLOCK_SIZE_N\": 128, \"num_stages\": 2}" \
          "{$B, \"BLOCK_SIZE_N\": 128, \"num_stages\": 2, \"A_RESIDENT\": 1}" \
          "{$B, \"BLOCK_SIZE_N\": 64, \"num_stages\": 2, \"A_RESIDENT\": 1}" \
          "{$B, \"BLOCK_SIZE_N\": 64, \"num_stages\": 3, \"A_RESIDENT\": 1}" \
-         "{$B, \"BLOCK_SIZE_N\": 128, \"num_stages\": 1, \"A_RESIDENT\": 1}"; do
+         "{\"BLOCK_SIZE_M\": 128, \"num_warps\": 8, \"GROUP_SIZE_M\": 1, \"DECODE_WARPS\": 8, \"BLOCK_SIZE_N\": 128, \"num_stages\": 2, \"A_RESIDENT\": 1}"; do
   echo "$c" >> "$OUT/timing.log"
   timeout 150 python benchmarks/ws_ablation.py --gemm down --config "$c" --variants full bf16_out \
     >> "$OUT/timing.log" 2>&1
