@@ -100,6 +100,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
 
     n, k, a_div = GEMMS[gemm]
     cfg = gluon_config(json.dumps(config), gemm)
+    if "bf16_out" in variant:  # (gate/up's rows too: an ablation, not a config the spec allows there)
+        cfg["OUT_DTYPE"] = "bf16"
     torch.manual_seed(0)
     e = 256
     w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
