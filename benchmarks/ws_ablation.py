@@ -87,10 +87,6 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     import triton
 
     patch(variant)
-    if decode_regs:
-        from moetune.kernels import fp4_wgmma
-
-        fp4_wgmma._DECODE_REGS[config["DECODE_WARPS"]] = decode_regs
     from gluon_fp4 import GEMMS, gluon_config  # beside this script (path set in main)
 
     from moetune.kernels import fp4_wgmma as fw
@@ -102,6 +98,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     cfg = gluon_config(json.dumps(config), gemm)
     if "bf16_out" in variant:  # (gate/up's rows too: an ablation, not a config the spec allows there)
         cfg["OUT_DTYPE"] = "bf16"
+    if decode_regs:
+        fw._DECODE_REGS[config["DECODE_WARPS"], cfg["OUT_DTYPE"]] = decode_regs
     torch.manual_seed(0)
     e = 256
     w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)

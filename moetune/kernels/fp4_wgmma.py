@@ -855,10 +855,12 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
     ], [DECODE_WARPS], [DECODE_REGS])
 
 
-# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool). With 4, 136:
-# offline (Triton 3.6, BM128 BN128) no spill in the decode partition and a dozen outside the MMA warps' chunk
-# loop; on the H200 down 24576 0.594 ms against 0.620 with 120 (results/lut_s19, call 6). With 8, 72.
-_DECODE_REGS = {4: 136, 8: 72}
+# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool), by decode
+# warps and OUT_DTYPE. With 4 and fp32 rows, 136: offline (Triton 3.6, BM128 BN128) no spill in the decode
+# partition and a dozen outside the MMA warps' chunk loop; on the H200 down 24576 0.594 ms against 0.620 with
+# 120 (results/lut_s19, call 6). With bf16 rows, 120: 0.543 ms (A_RESIDENT 0.506) against 0.552 (0.526)
+# with 136, 0.587 (0.517) with 112 (results/lut_s20, call 5). With 8, 72.
+_DECODE_REGS = {(4, "fp32"): 136, (4, "bf16"): 120, (8, "fp32"): 72, (8, "bf16"): 72}
 
 
 def _maxnreg(config) -> dict:
@@ -882,7 +884,8 @@ def _kernel(config, a_div: int, gathered: bool, k: int):
     if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
         dw = config["DECODE_WARPS"]
         resident = bool(config.get("A_RESIDENT", 0))
-        const.update(DECODE_WARPS=dw, DECODE_REGS=_DECODE_REGS[dw], A_RESIDENT=resident,
+        regs = _DECODE_REGS[dw, config.get("OUT_DTYPE", "fp32")]
+        const.update(DECODE_WARPS=dw, DECODE_REGS=regs, A_RESIDENT=resident,
                      X_SLOTS=k // 128 if resident else const["RING"])
         threads = 32 * (config["num_warps"] + dw)
         return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
