@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17 and 18), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 and 20), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -82,6 +82,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s18.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_ws_s18.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s19.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s20.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
