@@ -34,7 +34,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from moetune.kernels import fp4_gemm
-from moetune.specs.fp4_prefill import DEFAULT, normalize_config
+from moetune.specs.fp4_prefill import normalize_config
 
 SM90_REGS, SM90_SMEM, SM90_THREADS = 65536, 232448, 2048  # per SM; smem: the opt-in limit a CTA may use
 _TYPES = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*u8", "w_scale_ptr": "*u8", "c_ptr": "*bf16",
@@ -111,7 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for text in args.configs:
-        config = normalize_config({**DEFAULT, **json.loads(text)}, args.gemm)
+        config = normalize_config(json.loads(text), args.gemm)
         if config["IMPL"] == "gluon":  # the Gluon kernel, with the launcher's register cap
             from moetune.kernels.fp4_wgmma import compile_for_sm90
 
