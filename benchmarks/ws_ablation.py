@@ -82,7 +82,8 @@ def _without_stores(fw):
     return module._ws_mma
 
 
-def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | None) -> dict:
+def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | None,
+        resident_tiles: int | None = None) -> dict:
     import torch
     import triton
 
@@ -100,6 +101,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
         cfg["OUT_DTYPE"] = "bf16"
     if decode_regs:
         fw._DECODE_REGS[config["DECODE_WARPS"], cfg["OUT_DTYPE"]] = decode_regs
+    if resident_tiles:
+        fw.RESIDENT_N_TILES = resident_tiles
     torch.manual_seed(0)
     e = 256
     w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
@@ -114,7 +117,7 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
                           a_k_order="wgmma")) * 1e3
     return {"variant": variant, "gemm": gemm, "routes": routes, "config": config, "decode_regs": decode_regs,
-            "us": round(us, 1)}
+            "resident_tiles": resident_tiles, "us": round(us, 1)}
 
 
 def main() -> None:
@@ -125,13 +128,15 @@ def main() -> None:
     ap.add_argument("--gemm", choices=["gate_up", "down"], default="down")
     ap.add_argument("--routes", type=int, default=24576)
     ap.add_argument("--decode-regs", type=int, help="registers a decode thread (default: the launcher's)")
+    ap.add_argument("--resident-tiles", type=int, help="N tiles a SWAP_AB 1 A_RESIDENT program takes")
     ap.add_argument("--config", default='{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, '
                                         '"num_stages": 3, "DECODE_WARPS": 4}')
     args = ap.parse_args()
     config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
     if not (args.all or args.variants):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        print(json.dumps(run(args.variant, args.gemm, args.routes, config, args.decode_regs)), flush=True)
+        print(json.dumps(run(args.variant, args.gemm, args.routes, config, args.decode_regs, args.resident_tiles)),
+              flush=True)
         return
     rows = []
     for variant in args.variants or VARIANTS:
@@ -139,6 +144,8 @@ def main() -> None:
                str(args.routes), "--config", json.dumps(config)]
         if args.decode_regs:
             cmd += ["--decode-regs", str(args.decode_regs)]
+        if args.resident_tiles:
+            cmd += ["--resident-tiles", str(args.resident_tiles)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else None
         failed = {"variant": variant, "us": None, "error": done.stderr[-800:]}

@@ -116,9 +116,12 @@ def test_gluon_config_values_are_checked():
     for bad in ({**resident, "A_RESIDENT": 2}, {**resident, "A_RESIDENT": True}):
         with pytest.raises(ValueError, match="A_RESIDENT must be"):
             normalize_config(bad)
-    for other in ({**resident, "DECODE_WARPS": 0}, {**resident, "GROUP_SIZE_M": 8}):
-        with pytest.raises(ValueError, match="A_RESIDENT 1 is a switch of DECODE_WARPS .* must be 1"):
+    for other in ({**resident, "DECODE_WARPS": 0}, {**resident, "GROUP_SIZE_M": 8},
+                  {"A_RESIDENT": 1, "SWAP_AB": 1}):
+        with pytest.raises(ValueError, match="A_RESIDENT 1 is a switch of IMPL 'gluon' with SWAP_AB 1, or of "
+                                             "DECODE_WARPS .* must be 1"):
             normalize_config(other)
+    assert normalize_config({**GLUON, "A_RESIDENT": 1})["GROUP_SIZE_M"] == 8  # SWAP_AB 1: any group
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -179,8 +182,8 @@ def test_gluon_configs_are_candidates_once_per_tile():
     switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
     assert {tuple(c[k] for k in switches) for c in gluon} == {
         (1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 4, 0),
-        (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1)}
-    assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"])
+        (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}
+    assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"] and c["DECODE_WARPS"])
     assert "OUT_DTYPE" not in spec.space  # down's only
     assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
     assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
@@ -208,9 +211,11 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1,
-                                     "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"}],
+                                     "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"},
+                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
-                              "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16"])
+                              "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16",
+                              "swap-resident"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -343,6 +348,41 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
     active = ids.flatten() >= 0
     assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
     torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm, bn, warps, stages, k, n, layout, scale_ring", [
+    (32, 64, 4, 3, 1024, 4096, "indexed", 1), (16, 64, 4, 3, 512, 1152, "gathered", 0),
+    (64, 64, 4, 2, 768, 1088, "indexed", 1), (32, 128, 8, 3, 1024, 1024, "indexed", 1),
+    (16, 64, 4, 2, 256, 1024, "gathered", 1)])
+def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, k, n, layout, scale_ring):
+    """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) against
+    the same kernel with the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of
+    2-8 chunks, every active route's row written (NaN-poisoned), skewed and partly inactive routes."""
+    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.fp4_wgmma import resident_n_tiles
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(19)
+    e, tokens, top_k = 16, 512, 4
+    ids, _ = make_routes(tokens, top_k, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
+                         device="cuda")
+    w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
+    q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
+    base = normalize_config({**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
+                             "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring})
+    assert resident_n_tiles(n, bn) == {17: 1, 18: 2}.get(n // bn, 4 if n // bn % 4 == 0 else 2)
+    align = align_routes(ids, e, bm)
+    outs = []
+    for cfg in (base, {**base, "A_RESIDENT": 1}):
+        out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
+        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
+        outs.append(out)
+    active = ids.flatten() >= 0
+    assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
+    assert torch.equal(outs[1][active], outs[0][active])
 
 
 @pytest.mark.gpu

@@ -207,11 +207,11 @@ def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
-               RING: gl.constexpr, SCALE_RING: gl.constexpr):
-    """The copies of chunks 0 .. RING - 2, one commit group each."""
+def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
+               RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
+    """The copies of chunks 0 .. RING - 2, one commit group each (resident activations: only if ``fresh``)."""
     for i in gl.static_range(RING - 1):
-        _async_load(x_ring.index(i), x_rows + i * CHUNK + cols_x[None, :], mask=row_ok_x[:, None])
+        _x_copy(x_ring, i, i, x_rows, cols_x, row_ok_x, fresh, RING, A_RESIDENT)
         _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
         if SCALE_RING:
             _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
@@ -220,9 +220,9 @@ def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src
 
 @gluon.jit
 def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src, row_ok_s,
-           as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA: gl.constexpr,
+           as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, fresh, MMA: gl.constexpr,
            A_OP: gl.constexpr, L5: gl.constexpr, P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
-           RING: gl.constexpr, SCALE_RING: gl.constexpr):
+           RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
     """Chunk k: its wgmma issued async; under it, the copies of chunk k + RING - 1, the decode of chunk
     k + 1 and the scale loads of chunk k + 3; then the wait and the rescale by the chunk's activation
     scales."""
@@ -231,12 +231,12 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     if SCALE_RING:  # this chunk's activation scales came with its activations
         xs = xs_ring.index(k % RING).load(gl.SliceLayout(0, MMA))
     a_op = _operand(a_cur, A_OP, BN)
-    part = warpgroup_mma(a_op, x_ring.index(k % RING).permute((1, 0)), gl.zeros([BN, BM], gl.float32, MMA),
-                         use_acc=False, is_async=True)
+    part = warpgroup_mma(a_op, _x_slot(x_ring, k, k, RING, A_RESIDENT).permute((1, 0)),
+                         gl.zeros([BN, BM], gl.float32, MMA), use_acc=False, is_async=True)
 
     kn = gl.minimum(k + RING - 1, num_k - 1)  # past the end: the last chunk again, never used
-    _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
-                mask=row_ok_x[:, None])
+    _x_copy(x_ring, k + RING - 1, kn, x_rows, cols_x, row_ok_x, fresh & (k + RING - 1 < num_k), RING,
+            A_RESIDENT)
     _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
     if SCALE_RING:
         _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
@@ -263,11 +263,15 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
                      stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                     RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
-    """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % BLOCK_SIZE_N == 0, K % 256 == 0."""
+                     RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
+                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr):
+    """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % (BLOCK_SIZE_N * N_TILES) == 0,
+    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block; with ``A_RESIDENT`` their
+    activations (X_SLOTS = K / 128 chunks) are copied once, with the first tile's, and stay in shared
+    memory for the others."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_n = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
+    pid_m, pid_g = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -280,9 +284,6 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     S2: gl.constexpr = gl.SliceLayout(2, P_W)  # group scales [BN, q]
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
-
-    w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                   stride_wsn, P_W, BN)
 
     # the M-block's activation rows (cp.async, 16 bytes a thread) and their scales (accumulator columns)
     slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
@@ -313,41 +314,46 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM],
                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
-    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [RING, BM, CHUNK], X_SMEM)
+    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [X_SLOTS, BM, CHUNK], X_SMEM)
     W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
-    _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, RING, SCALE_RING)
-
     num_k = K // CHUNK
-    rmax = _row_max_scale(ws_rows, num_k, S2, BN)
-
-    cp.wait_group(RING - 2)
-    a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
-    s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
-    s_far = gl.load(ws_rows + 2 * (CHUNK // 32)).to(gl.int32)
-    if SCALE_RING:
-        xs = gl.zeros([BM], gl.float32, gl.SliceLayout(0, MMA))  # read from the ring in each chunk
-    else:
-        xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
     never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
-    acc = gl.zeros([BN, BM], gl.float32, MMA)
-    for k0 in range(0, num_k, 2):
-        for u in gl.static_range(2):
-            acc, a_cur, s_next, s_far, xs = _chunk(
-                k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src,
-                row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, MMA, A_OP, L5, P_W,
-                BN, BM, RING, SCALE_RING)
-    cp.wait_group(0)
+    for j in range(N_TILES):
+        pid_n = pid_g * N_TILES + j
+        fresh = j == 0
+        w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
+                                       stride_wsn, P_W, BN)
+        _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh, RING,
+                   SCALE_RING, A_RESIDENT)
+        rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
-    wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(1, MMA)) - 1) << 23  # 2^(rmax - 128)
-    n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, MMA))
-    if SCALE_RING:
-        route_c = gl.load(sorted_ids_ptr + slot_m)  # loaded again rather than kept live through the loop
-    else:
-        route_c = route_m
-    c_ptrs = c_ptr + route_c.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
-    out = acc * wf.to(gl.float32, bitcast=True)[:, None]
-    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
+        cp.wait_group(RING - 2)
+        a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)
+        s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)
+        s_far = gl.load(ws_rows + 2 * (CHUNK // 32)).to(gl.int32)
+        if SCALE_RING:
+            xs = gl.zeros([BM], gl.float32, gl.SliceLayout(0, MMA))  # read from the ring in each chunk
+        else:
+            xs = gl.load(as_rows, mask=row_ok_m, other=0.0)
+        acc = gl.zeros([BN, BM], gl.float32, MMA)
+        for k0 in range(0, num_k, 2):
+            for u in gl.static_range(2):
+                acc, a_cur, s_next, s_far, xs = _chunk(
+                    k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src,
+                    row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, fresh, MMA, A_OP,
+                    L5, P_W, BN, BM, RING, SCALE_RING, A_RESIDENT)
+        cp.wait_group(0)
+
+        wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(1, MMA)) - 1) << 23  # 2^(rmax - 128)
+        n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, MMA))
+        if SCALE_RING:
+            route_c = gl.load(sorted_ids_ptr + slot_m)  # loaded again rather than kept live through the loop
+        else:
+            route_c = route_m
+        c_ptrs = c_ptr + route_c.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
+        out = acc * wf.to(gl.float32, bitcast=True)[:, None]
+        gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
 
 
 @gluon.jit
@@ -450,7 +456,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
         w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
     # (no scales ring with SCALE_RING 0: x_ring stands in for it, never touched)
     _fill_ring(x_ring, w_ring, xs_ring if SCALE_RING else x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src,
-               row_ok_s, RING, SCALE_RING)
+               row_ok_s, True, RING, SCALE_RING, False)
 
     num_k = K // CHUNK
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
@@ -555,7 +561,8 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     dec = gl.allocate_shared_memory(gl.float8e4nv, [3, BN, CHUNK], W_SMEM)
-    _fill_ring(x_ring, w_ring, x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, RING, False)
+    _fill_ring(x_ring, w_ring, x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, True, RING, False,
+               False)
     num_k = K // CHUNK
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
     cp.wait_group(RING - 3)  # chunks 0 and 1 (mine)
@@ -872,7 +879,7 @@ def _maxnreg(config) -> dict:
     return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
 
 
-def _kernel(config, a_div: int, gathered: bool, k: int):
+def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     """The kernel a config runs (SWAP_AB: weights as the wgmma's M side, in registers; else through shared
     memory; MMA_HALVES: that one with each chunk's product in two halves), its constexpr arguments and launch
     options."""
@@ -892,21 +899,35 @@ def _kernel(config, a_div: int, gathered: bool, k: int):
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
+    resident = bool(config.get("A_RESIDENT", 0))
+    tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident else 1
+    const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles)
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
-def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024,
+# N tiles a SWAP_AB 1 program takes with A_RESIDENT (fewer where N / BLOCK_SIZE_N does not divide)
+RESIDENT_N_TILES = 4
+
+
+def resident_n_tiles(n: int, bn: int) -> int:
+    tiles = RESIDENT_N_TILES
+    while (n // bn) % tiles:
+        tiles //= 2
+    return tiles
+
+
+def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024, n: int = 4096,
                      out_dtype: str = "fp32"):
-    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K, which
-    only A_RESIDENT specializes on, and the per-route output's dtype, "fp32" or "bf16"), for resource reports
-    and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
+    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K and N,
+    which only A_RESIDENT specializes on, and the per-route output's dtype, "fp32" or "bf16"), for resource
+    reports and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
     import inspect
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel, const, options = _kernel(config, a_div, gathered, k)
+    kernel, const, options = _kernel(config, a_div, gathered, k, n)
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
@@ -976,8 +997,8 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
         raise ValueError(f"a_k_order must be 'real' or 'wgmma' (then a contiguous along K), got "
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
-    kernel, const, options = _kernel(config, a_div, gathered, k)
-    grid = align.max_blocks * (n // bn)
+    kernel, const, options = _kernel(config, a_div, gathered, k, n)
+    grid = align.max_blocks * (n // (bn * const.get("N_TILES", 1)))
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
     kernel[(grid,)](

@@ -43,11 +43,12 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
 # MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
 # rescaled) and DECODE_WARPS (4 or 8: a warp-specialized partition of that many warps copies and decodes for
-# the MMA warps), with it A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
-# consecutive N tiles). OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype (bf16 halves the bytes the
-# epilogue stores and the sum over top_k reads; the MoE's error against the reference 0.40% -> 0.56% in the
-# CPU suite's case). Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first moves
-# values across fp8 rounding boundaries (2-3% error in the same case).
+# the MMA warps), and A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
+# consecutive N tiles: DECODE_WARPS' persistent programs over their run of tiles, SWAP_AB 1's over 4).
+# OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype (bf16 halves the bytes the epilogue stores and
+# the sum over top_k reads; the MoE's error against the reference 0.40% -> 0.56% in the CPU suite's case).
+# Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first moves values across fp8
+# rounding boundaries (2-3% error in the same case).
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -131,10 +132,12 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if gemm == "gate_up" and cfg["OUT_DTYPE"] != "fp32":
         raise ValueError(f"config OUT_DTYPE {cfg['OUT_DTYPE']!r} is down's only: gate/up's fp32 rows feed "
                          f"the fp8 quantizer, which a rounding before it would move off the reference")
-    if cfg["A_RESIDENT"] and (not cfg["DECODE_WARPS"] or cfg["GROUP_SIZE_M"] != 1):
-        raise ValueError(f"config A_RESIDENT 1 is a switch of DECODE_WARPS 4 or 8 and runs an M-block's N "
-                         f"tiles in a row: GROUP_SIZE_M must be 1; got DECODE_WARPS {cfg['DECODE_WARPS']}, "
-                         f"GROUP_SIZE_M {cfg['GROUP_SIZE_M']}")
+    swap_gluon = cfg["IMPL"] == "gluon" and cfg["SWAP_AB"] == 1
+    if cfg["A_RESIDENT"] and not (swap_gluon or (cfg["DECODE_WARPS"] and cfg["GROUP_SIZE_M"] == 1)):
+        raise ValueError(f"config A_RESIDENT 1 is a switch of IMPL 'gluon' with SWAP_AB 1, or of "
+                         f"DECODE_WARPS 4 or 8, which runs an M-block's N tiles in a row: there GROUP_SIZE_M "
+                         f"must be 1; got IMPL {cfg['IMPL']!r}, SWAP_AB {cfg['SWAP_AB']}, DECODE_WARPS "
+                         f"{cfg['DECODE_WARPS']}, GROUP_SIZE_M {cfg['GROUP_SIZE_M']}")
     if cfg["IMPL"] == "gluon":
         for key, value in GLUON_FIXED.items():
             if cfg[key] != value:
@@ -173,7 +176,8 @@ def smem_bytes(cfg: Mapping[str, Any], k: int | None = None) -> int:
             return x_slots * bm * bk + (st + 1) * bn * bk + st * bn * bk // 2 + out + 8 * bn + 1536
         decoded = 3 if cfg.get("MMA_HALVES") else 2
         staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
-        return (st + 1) * (bm * bk + bn * bk // 2) + staged + 4096
+        x_slots = k // bk if cfg.get("A_RESIDENT") and k else st + 1
+        return x_slots * bm * bk + (st + 1) * bn * bk // 2 + staged + 4096
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
