@@ -135,8 +135,8 @@ def main() -> None:
     config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
     if not (args.all or args.variants):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        print(json.dumps(run(args.variant, args.gemm, args.routes, config, args.decode_regs, args.resident_tiles)),
-              flush=True)
+        row = run(args.variant, args.gemm, args.routes, config, args.decode_regs, args.resident_tiles)
+        print(json.dumps(row), flush=True)
         return
     rows = []
     for variant in args.variants or VARIANTS:
