@@ -354,7 +354,7 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
 @pytest.mark.parametrize("bm, bn, warps, stages, k, n, layout, scale_ring", [
     (32, 64, 4, 3, 1024, 4096, "indexed", 1), (16, 64, 4, 3, 512, 1152, "gathered", 0),
     (64, 64, 4, 2, 768, 1088, "indexed", 1), (32, 128, 8, 3, 1024, 1024, "indexed", 1),
-    (16, 64, 4, 2, 256, 1024, "gathered", 1)])
+    (16, 64, 4, 2, 512, 1024, "gathered", 1)])
 def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, k, n, layout, scale_ring):
     """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) against
     the same kernel with the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of
