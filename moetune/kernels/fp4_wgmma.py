@@ -35,6 +35,11 @@ many warps copies and decodes for the MMA warps through mbarriers (``fp4_wgmma_w
 session 19, and ``benchmarks/ws_ablation.py``). A persistent version of the plain SWAP_AB 0 loop was slower at
 every point measured and was removed (results/fp4_prefill.md, session 18).
 
+``A_RESIDENT``: a program keeps its M-block's activations (all K / 128 chunks) in shared memory over several
+N tiles and copies them once: DECODE_WARPS' persistent programs over their run of consecutive tiles (down
+24576 routes 0.500 ms with bf16 rows), the SWAP_AB 1 kernel's over RESIDENT_N_TILES tiles (1152-3072 routes
+with 16-row tiles; slower with 32, whose per-tile prologue the copies no longer hide; session 20).
+
 GPU only: Gluon has no interpreter. Measured on an H200 against the Triton kernel's picks in
 results/fp4_prefill.md, session 16.
 """
