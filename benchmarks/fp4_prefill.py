@@ -231,6 +231,7 @@ def measure(spec, prob, inputs, ref, configs, status, flops, floor_ms, deadline,
             try:
                 spec.poison(inputs)
                 spec.run(inputs, cfg)
+                spec.collect(inputs, cfg)
                 rec["error"] = err = spec.error(inputs.outputs, ref)
                 if not spec.passes(err):
                     rec["status"] = "inaccurate"
