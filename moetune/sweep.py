@@ -291,7 +291,8 @@ class Sweep:
         return self.timed_out
 
     def _hints(self, i: int) -> list[Config]:
-        """Warm starts: the spec's heuristic for this point (so a table never loses to the fallback it
+        """Warm starts: the user's ``starts`` in this point's space (an adaptive search descends from them
+        first), the spec's heuristic for this point (so a table never loses to the fallback it
         replaces for want of measuring it), the best configs the other ops of its kernel path found
         at the same routes, the configs of the tables' entries on either side of this density (what
         the picker runs here today), the best configs found so far for the same op and shape at
@@ -320,7 +321,9 @@ class Sweep:
                                                            self.device.arch))
         if canonical_json(heuristic) in me.keys:
             hints.insert(0, heuristic)
-        return list({canonical_json(c): c for c in hints}.values())  # each once, where it first came
+        starts = [c for c in (as_sibling_hint(me.spec, c) for c in self.starts)
+                  if canonical_json(c) in me.keys]
+        return list({canonical_json(c): c for c in starts + hints}.values())  # each once, where it first came
 
     def _measure(self, pt: Point, configs: Sequence[Config],
                  ahead: Sequence[Config] = ()) -> list[Observation]:

@@ -121,6 +121,21 @@ def test_start_configs_are_measured_first_where_the_space_holds_them(cli, tmp_pa
         assert order[1:3] == [41, 17] and 99 not in order and len(order) == 4, order
 
 
+def test_coordinate_descends_from_the_start_configs_first(cli, tmp_path):
+    """--start configs head the warm starts: coordinate descent measures the start's neighbours (v 40 and 42)
+    right after it, before those of the heuristic (the default here, v 0)."""
+    starts = tmp_path / "starts.json"
+    starts.write_text(json.dumps({"v": 41}))
+    db = tmp_path / "c.sqlite"
+    res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1", "--strategy",
+              "coordinate", "--budget", "5", "--start", starts, "--db", db)
+    assert res.exit_code == 0, res.output
+    with Store(db) as s:
+        rows = s.frame().sort_values("id")
+    order = [json.loads(c)["v"] for c in rows[rows["strategy"] != "remeasure"]["config"]]
+    assert order[:2] == [0, 41] and set(order[2:4]) == {40, 42}, order
+
+
 def test_cross_measures_the_other_points_bests_beyond_the_budget(cli, tmp_path):
     db = tmp_path / "x.sqlite"
     res = cli("sweep", "--kernel", "test.steady_wide", "--model", "tiny", "--tokens", "1,2,4", "--strategy",

@@ -165,7 +165,8 @@ def sweep(
                                                    "that first, shorter reading)")] = False,
     start: Annotated[Path | None, typer.Option(help="JSON file of configs (an object or a list) measured "
                                                      "first at every point whose space holds them, e.g. "
-                                                     "a benchmark's find")] = None,
+                                                     "a benchmark's find; an adaptive strategy searches "
+                                                     "from them first")] = None,
     full_space: Annotated[bool, typer.Option(help="also search the designs a kernel marks dominated on this "
                                                   "device (measured never to win there; see its spec)")
                           ] = False,
