@@ -85,6 +85,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_cross_s20.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_coord6144_s20.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_swap_resident_s20.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_coord6144b_s20.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
