@@ -5,7 +5,8 @@ Variants, each compiled in its own process (a JIT function's hash is taken once 
 ``full``; ``no_lut`` (each packed word stored as it is: no scale pool, no table lookup); ``no_mma`` (no
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
 ``no_store`` (the epilogue's global stores masked off); ``bf16_out`` (the per-route output in bf16, half
-the bytes); and their combinations. Prints one JSON line a
+the bytes); ``exact_grid`` (the grid the routing fills, read back on the host, instead of the worst case's,
+whose programs past the padded count exit at once); and their combinations. Prints one JSON line a
 variant; with ``--all`` (or ``--variants``), a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
@@ -16,6 +17,7 @@ variant; with ``--all`` (or ``--variants``), a table last.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,7 +25,7 @@ import sys
 
 _COPY = None  # the real copy, for no_act
 VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
-            "no_store_no_lut_no_mma", "bf16_out", "no_act_bf16_out", "no_act_no_store")
+            "no_store_no_lut_no_mma", "bf16_out", "no_act_bf16_out", "no_act_no_store", "exact_grid")
 
 
 def patch(variant: str) -> None:
@@ -83,7 +85,7 @@ def _without_stores(fw):
 
 
 def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | None,
-        resident_tiles: int | None = None) -> dict:
+        resident_tiles: int | None = None, maxnreg: int | None = None) -> dict:
     import torch
     import triton
 
@@ -103,6 +105,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
         fw._DECODE_REGS[config["DECODE_WARPS"], cfg["OUT_DTYPE"]] = decode_regs
     if resident_tiles:
         fw.RESIDENT_N_TILES = resident_tiles
+    if maxnreg:  # the non-specialized kernels' register cap (fw._maxnreg's)
+        fw._maxnreg = lambda config: {"maxnreg": maxnreg}
     torch.manual_seed(0)
     e = 256
     w, ws = quantize_mxfp4(torch.randn(e, n, k, device="cuda", dtype=torch.bfloat16) * 0.05)
@@ -111,13 +115,16 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     a, a_s = quantize_fp8_act(torch.randn(rows, k, device="cuda"), k_order="wgmma")
     topk = torch.stack([torch.randperm(e, device="cuda")[:6] for _ in range(tokens)]).to(torch.int32)
     align = align_routes(topk, e, cfg["BLOCK_SIZE_M"])
+    if "exact_grid" in variant:
+        used = int(align.num_padded) // cfg["BLOCK_SIZE_M"]
+        align = dataclasses.replace(align, expert_ids=align.expert_ids[:used])
     dtype = torch.bfloat16 if "bf16_out" in variant else torch.float32
     out = torch.empty((routes, n), device="cuda", dtype=dtype)
     us = triton.testing.do_bench_cudagraph(
         lambda: fw.launch(a, a_s, w, ws, out, align, a_div=a_div, gathered=False, config=cfg,
                           a_k_order="wgmma")) * 1e3
     return {"variant": variant, "gemm": gemm, "routes": routes, "config": config, "decode_regs": decode_regs,
-            "resident_tiles": resident_tiles, "us": round(us, 1)}
+            "resident_tiles": resident_tiles, "maxnreg": maxnreg, "us": round(us, 1)}
 
 
 def main() -> None:
@@ -129,13 +136,15 @@ def main() -> None:
     ap.add_argument("--routes", type=int, default=24576)
     ap.add_argument("--decode-regs", type=int, help="registers a decode thread (default: the launcher's)")
     ap.add_argument("--resident-tiles", type=int, help="N tiles a SWAP_AB 1 A_RESIDENT program takes")
+    ap.add_argument("--maxnreg", type=int, help="register cap of the kernels without DECODE_WARPS")
     ap.add_argument("--config", default='{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, '
                                         '"num_stages": 3, "DECODE_WARPS": 4}')
     args = ap.parse_args()
     config = {"SWAP_AB": 0, "GROUP_SIZE_M": 8, **json.loads(args.config)}
     if not (args.all or args.variants):
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        row = run(args.variant, args.gemm, args.routes, config, args.decode_regs, args.resident_tiles)
+        row = run(args.variant, args.gemm, args.routes, config, args.decode_regs, args.resident_tiles,
+                  args.maxnreg)
         print(json.dumps(row), flush=True)
         return
     rows = []
@@ -146,6 +155,8 @@ def main() -> None:
             cmd += ["--decode-regs", str(args.decode_regs)]
         if args.resident_tiles:
             cmd += ["--resident-tiles", str(args.resident_tiles)]
+        if args.maxnreg:
+            cmd += ["--maxnreg", str(args.maxnreg)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 else None
         failed = {"variant": variant, "us": None, "error": done.stderr[-800:]}
