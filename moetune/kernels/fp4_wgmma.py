@@ -262,6 +262,35 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     return acc, a_next, s_next, s_far, xs_next
 
 
+@gluon.jit
+def _block_setup(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm,
+                 A_DIV: gl.constexpr, GATHERED: gl.constexpr, X_LOAD: gl.constexpr, MMA: gl.constexpr,
+                 XS_L: gl.constexpr, BM: gl.constexpr):
+    """An M-block's activation rows (cp.async, 16 bytes a thread), their scales as accumulator columns and
+    (SCALE_RING) as one 1-D row of pointers, each with whether the row is a route."""
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(0, MMA))
+    route_m = gl.load(sorted_ids_ptr + slot_m)
+    row_ok_m = route_m < routes
+    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:  # rows copied into slot order beforehand
+        a_row_x = slot_x.to(gl.int64)
+        a_row_m = slot_m.to(gl.int64)
+        a_row_s = slot_s.to(gl.int64)
+    else:
+        a_row_x = gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)
+        a_row_m = gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64)
+        a_row_s = gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64)
+    x_rows = a_ptr + a_row_x[:, None] * stride_am
+    as_rows = a_scale_ptr + a_row_m * stride_asm
+    xs_src = a_scale_ptr + a_row_s * stride_asm
+    return x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m
+
+
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
@@ -269,18 +298,15 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
-                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr):
+                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, PERSISTENT: gl.constexpr,
+                     num_warps: gl.constexpr):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % (BLOCK_SIZE_N * N_TILES) == 0,
-    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block; with ``A_RESIDENT`` their
-    activations (X_SLOTS = K / 128 chunks) are copied once, with the first tile's, and stay in shared
-    memory for the others."""
+    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block, or with PERSISTENT (as many
+    programs as the SMs hold) an equal run of the tiles the routing fills, in M-block order; with
+    ``A_RESIDENT`` the activations of an M-block (X_SLOTS = K / 128 chunks) are copied with its first tile
+    and stay in shared memory for the others."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_g = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
-    if pid_m * BM >= gl.load(num_padded_ptr):
-        return
-    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
-
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BM, 32])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
@@ -289,33 +315,22 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     S2: gl.constexpr = gl.SliceLayout(2, P_W)  # group scales [BN, q]
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
-
-    # the M-block's activation rows (cp.async, 16 bytes a thread) and their scales (accumulator columns)
-    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
-    route_x = gl.load(sorted_ids_ptr + slot_x)
-    row_ok_x = route_x < routes
-    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(0, MMA))
-    route_m = gl.load(sorted_ids_ptr + slot_m)
-    row_ok_m = route_m < routes
-    if GATHERED:  # rows copied into slot order beforehand
-        a_row_x = slot_x.to(gl.int64)
-        a_row_m = slot_m.to(gl.int64)
-    else:
-        a_row_x = gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)
-        a_row_m = gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64)
-    x_rows = a_ptr + a_row_x[:, None] * stride_am
-    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
-    as_rows = a_scale_ptr + a_row_m * stride_asm
     # SCALE_RING: the activation scales by cp.async too, one per row of the M-block (a 1-D layout), instead of
     # one pointer and one carried value per accumulator column in every thread
     XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    row_ok_s = route_s < routes
-    if GATHERED:
-        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
+    n_tiles = N // BN
+    if PERSISTENT:  # the run of tiles, from the padded count (no program launched for nothing)
+        first, stop, _ = _ws_range((gl.load(num_padded_ptr) // BM) * n_tiles, True)
     else:
-        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
+        pid_m, pid_g = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
+        if pid_m * BM >= gl.load(num_padded_ptr):
+            return
+        first = pid_m * n_tiles + pid_g * N_TILES
+        stop = first + N_TILES
+        x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m = _block_setup(
+            pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
+            MMA, XS_L, BM)
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM],
                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
@@ -324,9 +339,15 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
     num_k = K // CHUNK
     never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
-    for j in range(N_TILES):
-        pid_n = pid_g * N_TILES + j
-        fresh = j == 0
+    for t in range(first, stop):
+        pid_m = t // n_tiles
+        pid_n = t % n_tiles
+        fresh = (t == first) | (pid_n == 0)  # the first tile of this program or of its M-block
+        if PERSISTENT:
+            x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m = _block_setup(
+                pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED,
+                X_LOAD, MMA, XS_L, BM)
+        expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
         w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                        stride_wsn, P_W, BN)
         _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh, RING,
@@ -905,8 +926,10 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
     resident = bool(config.get("A_RESIDENT", 0))
-    tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident else 1
-    const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles)
+    persistent = bool(config.get("PERSISTENT", 0))
+    tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident and not persistent else 1
+    const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles,
+                 PERSISTENT=persistent)
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
@@ -1003,10 +1026,38 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
+    args = (a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
+            align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
+            w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"])
     grid = align.max_blocks * (n // (bn * const.get("N_TILES", 1)))
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
-    kernel[(grid,)](
-        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
-        align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)
+    elif const.get("PERSISTENT"):  # as many programs as the SMs hold at once
+        grid = min(grid, _sm_count(a.device) * _programs_an_sm(kernel, args, const, options))
+    kernel[(grid,)](*args, **const, **options)
+
+
+_SM90_REGS, _SM90_SMEM, _SM90_WARPS = 65536, 233472, 64  # per SM
+
+
+def programs_an_sm(n_regs: int, shared: int, num_warps: int) -> int:
+    """CTAs of a compiled kernel one sm_90 SM holds: registers go out by the warp in 256-register units,
+    each CTA's shared memory takes 1 KiB more (the system's)."""
+    warp_regs = -(-n_regs * 32 // 256) * 256
+    by_regs = _SM90_REGS // (warp_regs * num_warps) if n_regs else _SM90_WARPS // num_warps
+    return max(1, min(by_regs, _SM90_SMEM // (shared + 1024), _SM90_WARPS // num_warps, 32))
+
+
+_OCCUPANCY: dict[tuple, int] = {}
+
+
+def _programs_an_sm(kernel, args, const, options) -> int:
+    """``programs_an_sm`` of the kernel these arguments compile (compiled once, not launched; cached by the
+    constexprs, which decide the resources)."""
+    key = (kernel.fn.__name__, args[4].dtype, args[0].device, tuple(sorted(const.items())),
+           tuple(sorted(options.items())))
+    if key not in _OCCUPANCY:
+        compiled = kernel.warmup(*args, grid=(1,), **const, **options)
+        compiled.run  # loads the module: n_regs is known from here on  # noqa: B018
+        _OCCUPANCY[key] = programs_an_sm(compiled.n_regs, compiled.metadata.shared, const["num_warps"])
+    return _OCCUPANCY[key]
