@@ -6,8 +6,9 @@ Variants, each compiled in its own process (a JIT function's hash is taken once 
 wgmma: the MMA warps still wait, rescale and store); ``no_act`` (no activation copies: the weights' only);
 ``no_store`` (the epilogue's global stores masked off); ``bf16_out`` (the per-route output in bf16, half
 the bytes); ``exact_grid`` (the grid the routing fills, read back on the host, instead of the worst case's,
-whose programs past the padded count exit at once); and their combinations. Prints one JSON line a
-variant; with ``--all`` (or ``--variants``), a table last.
+whose programs past the padded count exit at once); ``no_rowmax`` (the SWAP_AB 1 kernel's row maxima of the
+weight scales a constant instead of loaded at each tile's start); and their combinations. Prints one JSON
+line a variant; with ``--all`` (or ``--variants``), a table last.
 
     PYTHONPATH=. python benchmarks/ws_ablation.py --all --routes 24576 --gemm down \\
         --config '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128, "num_warps": 8, "num_stages": 3,
@@ -25,7 +26,8 @@ import sys
 
 _COPY = None  # the real copy, for no_act
 VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lut_no_mma", "no_store",
-            "no_store_no_lut_no_mma", "bf16_out", "no_act_bf16_out", "no_act_no_store", "exact_grid")
+            "no_store_no_lut_no_mma", "bf16_out", "no_act_bf16_out", "no_act_no_store", "exact_grid",
+            "no_rowmax")
 
 
 def patch(variant: str) -> None:
@@ -62,6 +64,12 @@ def patch(variant: str) -> None:
         fw._async_load = _weights_only
     if "no_store" in variant:
         fw._ws_mma = _without_stores(fw)
+    if "no_rowmax" in variant:
+        @gluon.jit
+        def _constant_row_max(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
+            return gl.full([BN, 1], 127, gl.int32, S2)
+
+        fw._row_max_scale = _constant_row_max
 
 
 def _without_stores(fw):
