@@ -122,28 +122,6 @@ def test_gluon_config_values_are_checked():
                                              "DECODE_WARPS .* must be 1"):
             normalize_config(other)
     assert normalize_config({**GLUON, "A_RESIDENT": 1})["GROUP_SIZE_M"] == 8  # SWAP_AB 1: any group
-    persistent = {**GLUON, "PERSISTENT": 1, "GROUP_SIZE_M": 1}
-    assert normalize_config(persistent)["PERSISTENT"] == 1
-    assert normalize_config({**persistent, "A_RESIDENT": 1})["A_RESIDENT"] == 1
-    for bad in ({**persistent, "PERSISTENT": 2}, {**persistent, "PERSISTENT": True}):
-        with pytest.raises(ValueError, match="PERSISTENT must be"):
-            normalize_config(bad)
-    for other in ({**persistent, "GROUP_SIZE_M": 8}, {**persistent, "SWAP_AB": 0}, {"PERSISTENT": 1},
-                  {**ws, "PERSISTENT": 1, "GROUP_SIZE_M": 1}):
-        with pytest.raises(ValueError, match="PERSISTENT 1 is a switch of IMPL 'gluon' with SWAP_AB 1.*"
-                                             "GROUP_SIZE_M must be 1"):
-            normalize_config(other)
-
-
-def test_programs_an_sm_takes_the_tightest_limit():
-    from moetune.kernels.fp4_wgmma import programs_an_sm
-
-    assert programs_an_sm(128, 33280, 4) == 4  # registers: 4 warps x 32 x 128 = 16 Ki of 64 Ki
-    assert programs_an_sm(117, 24832, 4) == 4  # 117 -> 120 a thread (256-register units a warp): still 4
-    assert programs_an_sm(96, 33280, 4) == 5
-    assert programs_an_sm(64, 60000, 4) == 3  # shared memory: 228 KiB over 60000 + 1 KiB
-    assert programs_an_sm(32, 1024, 4) == 16  # warps: 64 an SM
-    assert programs_an_sm(255, 200000, 8) == 1
 
 
 def _problem(n=2048, k=4096, routes=6144):
@@ -199,19 +177,17 @@ def test_gluon_configs_are_candidates_once_per_tile():
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
               c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
-              c["A_RESIDENT"], c["PERSISTENT"]) for c in gluon}
+              c["A_RESIDENT"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
-    switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "PERSISTENT")
-    swap = {(1, ring, 0, 0, res, per) for ring in (0, 1) for res in (0, 1) for per in (0, 1)}
-    assert {tuple(c[k] for k in switches) for c in gluon} == swap | {
-        (0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 0, 0, 4, 0, 0), (0, 0, 0, 8, 0, 0),
-        (0, 0, 0, 4, 1, 0), (0, 0, 0, 8, 1, 0)}
+    switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
+    assert {tuple(c[k] for k in switches) for c in gluon} == {
+        (1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 4, 0),
+        (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}
     assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"] and c["DECODE_WARPS"])
-    assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["PERSISTENT"])
     assert "OUT_DTYPE" not in spec.space  # down's only
     assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
-    assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] or c["PERSISTENT"]
-                   for c in spec.candidates() if c["IMPL"] != "gluon")
+    assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
+                   if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
 
 
@@ -236,12 +212,10 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1,
                                      "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"},
-                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1},
-                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1, "PERSISTENT": 1,
-                                     "GROUP_SIZE_M": 1}],
+                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
                               "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16",
-                              "swap-resident", "swap-resident-persistent"])
+                              "swap-resident"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -376,21 +350,15 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
     torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
 
 
-RES, PER, PER_RES = {"A_RESIDENT": 1}, {"PERSISTENT": 1}, {"A_RESIDENT": 1, "PERSISTENT": 1}
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch", [RES, PER, PER_RES], ids=["resident", "persistent", "persistent-resident"])
 @pytest.mark.parametrize("bm, bn, warps, stages, k, n, layout, scale_ring", [
     (32, 64, 4, 3, 1024, 4096, "indexed", 1), (16, 64, 4, 3, 512, 1152, "gathered", 0),
     (64, 64, 4, 2, 768, 1088, "indexed", 1), (32, 128, 8, 3, 1024, 1024, "indexed", 1),
     (16, 64, 4, 2, 512, 1024, "gathered", 1)])
-def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(switch, bm, bn, warps, stages, k, n, layout,
-                                                             scale_ring):
-    """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) and/or
-    PERSISTENT (a program an SM slot, over a run of tiles that crosses M-blocks) against the same kernel with
-    the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of 2-8 chunks, every
-    active route's row written (NaN-poisoned), skewed and partly inactive routes."""
+def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, k, n, layout, scale_ring):
+    """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) against
+    the same kernel with the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of
+    2-8 chunks, every active route's row written (NaN-poisoned), skewed and partly inactive routes."""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.fp4_wgmma import resident_n_tiles
     from moetune.kernels.moe_align import align_routes
@@ -404,12 +372,11 @@ def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(switch, bm, bn, warp
     w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
     q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
     base = normalize_config({**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
-                             "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring,
-                             "GROUP_SIZE_M": 1})
+                             "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring})
     assert resident_n_tiles(n, bn) == {17: 1, 18: 2}.get(n // bn, 4 if n // bn % 4 == 0 else 2)
     align = align_routes(ids, e, bm)
     outs = []
-    for cfg in (base, {**base, **switch}):
+    for cfg in (base, {**base, "A_RESIDENT": 1}):
         out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
         grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)

@@ -212,15 +212,33 @@ def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
+def _live(ptrs, n):
+    """A mask like ``ptrs``: all true if n >= 0, all false else (a copy past the last chunk then reads
+    nothing: it only fills a slot no product reads)."""
+    return gl.full(ptrs.shape, n, gl.int32, ptrs.type.layout) >= 0
+
+
+@gluon.jit
+def _copy_chunk(x_ring, w_ring, xs_ring, c, k, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
+                fresh, RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
+    """Chunk k's copies into ring slot c % RING (resident activations: slot k, only if ``fresh``), one commit
+    group; past the last chunk (k >= num_k) the group is empty of reads."""
+    live = k < num_k
+    kc = gl.minimum(k, num_k - 1)
+    _x_copy(x_ring, c, kc, x_rows, cols_x, row_ok_x & live, fresh & live, RING, A_RESIDENT)
+    _async_load(w_ring.index(c % RING), w_rows + kc * (CHUNK // 8), mask=_live(w_rows, num_k - 1 - k))
+    if SCALE_RING:
+        _async_load(xs_ring.index(c % RING), xs_src + kc, mask=row_ok_s & live)
+    cp.commit_group()
+
+
+@gluon.jit
+def _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
                RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
-    """The copies of chunks 0 .. RING - 2, one commit group each (resident activations: only if ``fresh``)."""
+    """The copies of chunks 0 .. RING - 2, one commit group each."""
     for i in gl.static_range(RING - 1):
-        _x_copy(x_ring, i, i, x_rows, cols_x, row_ok_x, fresh, RING, A_RESIDENT)
-        _async_load(w_ring.index(i), w_rows + i * (CHUNK // 8))
-        if SCALE_RING:
-            _async_load(xs_ring.index(i), xs_src + i, mask=row_ok_s)
-        cp.commit_group()
+        _copy_chunk(x_ring, w_ring, xs_ring, i, i, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
+                    fresh, RING, SCALE_RING, A_RESIDENT)
 
 
 @gluon.jit
@@ -239,13 +257,8 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     part = warpgroup_mma(a_op, _x_slot(x_ring, k, k, RING, A_RESIDENT).permute((1, 0)),
                          gl.zeros([BN, BM], gl.float32, MMA), use_acc=False, is_async=True)
 
-    kn = gl.minimum(k + RING - 1, num_k - 1)  # past the end: the last chunk again, never used
-    _x_copy(x_ring, k + RING - 1, kn, x_rows, cols_x, row_ok_x, fresh & (k + RING - 1 < num_k), RING,
-            A_RESIDENT)
-    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
-    if SCALE_RING:
-        _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
-    cp.commit_group()
+    _copy_chunk(x_ring, w_ring, xs_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x, w_rows,
+                xs_src, row_ok_s, fresh, RING, SCALE_RING, A_RESIDENT)
     cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
     a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
     s_next = s_far
@@ -262,35 +275,6 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     return acc, a_next, s_next, s_far, xs_next
 
 
-@gluon.jit
-def _block_setup(pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm,
-                 A_DIV: gl.constexpr, GATHERED: gl.constexpr, X_LOAD: gl.constexpr, MMA: gl.constexpr,
-                 XS_L: gl.constexpr, BM: gl.constexpr):
-    """An M-block's activation rows (cp.async, 16 bytes a thread), their scales as accumulator columns and
-    (SCALE_RING) as one 1-D row of pointers, each with whether the row is a route."""
-    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
-    route_x = gl.load(sorted_ids_ptr + slot_x)
-    row_ok_x = route_x < routes
-    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(0, MMA))
-    route_m = gl.load(sorted_ids_ptr + slot_m)
-    row_ok_m = route_m < routes
-    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
-    route_s = gl.load(sorted_ids_ptr + slot_s)
-    row_ok_s = route_s < routes
-    if GATHERED:  # rows copied into slot order beforehand
-        a_row_x = slot_x.to(gl.int64)
-        a_row_m = slot_m.to(gl.int64)
-        a_row_s = slot_s.to(gl.int64)
-    else:
-        a_row_x = gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)
-        a_row_m = gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64)
-        a_row_s = gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64)
-    x_rows = a_ptr + a_row_x[:, None] * stride_am
-    as_rows = a_scale_ptr + a_row_m * stride_asm
-    xs_src = a_scale_ptr + a_row_s * stride_asm
-    return x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m
-
-
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
@@ -298,15 +282,18 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
-                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, PERSISTENT: gl.constexpr,
-                     num_warps: gl.constexpr):
+                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % (BLOCK_SIZE_N * N_TILES) == 0,
-    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block, or with PERSISTENT (as many
-    programs as the SMs hold) an equal run of the tiles the routing fills, in M-block order; with
-    ``A_RESIDENT`` the activations of an M-block (X_SLOTS = K / 128 chunks) are copied with its first tile
-    and stay in shared memory for the others."""
+    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block; with ``A_RESIDENT`` their
+    activations (X_SLOTS = K / 128 chunks) are copied once, with the first tile's, and stay in shared
+    memory for the others."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
+    pid_m, pid_g = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
+    if pid_m * BM >= gl.load(num_padded_ptr):
+        return
+    expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BM, 32])
     A_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
@@ -315,22 +302,33 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     S2: gl.constexpr = gl.SliceLayout(2, P_W)  # group scales [BN, q]
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
+
+    # the M-block's activation rows (cp.async, 16 bytes a thread) and their scales (accumulator columns)
+    slot_x = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, X_LOAD))
+    route_x = gl.load(sorted_ids_ptr + slot_x)
+    row_ok_x = route_x < routes
+    slot_m = pid_m * BM + gl.arange(0, BM, gl.SliceLayout(0, MMA))
+    route_m = gl.load(sorted_ids_ptr + slot_m)
+    row_ok_m = route_m < routes
+    if GATHERED:  # rows copied into slot order beforehand
+        a_row_x = slot_x.to(gl.int64)
+        a_row_m = slot_m.to(gl.int64)
+    else:
+        a_row_x = gl.where(row_ok_x, route_x // A_DIV, 0).to(gl.int64)
+        a_row_m = gl.where(row_ok_m, route_m // A_DIV, 0).to(gl.int64)
+    x_rows = a_ptr + a_row_x[:, None] * stride_am
+    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+    as_rows = a_scale_ptr + a_row_m * stride_asm
     # SCALE_RING: the activation scales by cp.async too, one per row of the M-block (a 1-D layout), instead of
     # one pointer and one carried value per accumulator column in every thread
     XS_L: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-    n_tiles = N // BN
-    if PERSISTENT:  # the run of tiles, from the padded count (no program launched for nothing)
-        first, stop, _ = _ws_range((gl.load(num_padded_ptr) // BM) * n_tiles, True)
+    slot_s = pid_m * BM + gl.arange(0, BM, XS_L)
+    route_s = gl.load(sorted_ids_ptr + slot_s)
+    row_ok_s = route_s < routes
+    if GATHERED:
+        xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
     else:
-        pid_m, pid_g = _tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
-        if pid_m * BM >= gl.load(num_padded_ptr):
-            return
-        first = pid_m * n_tiles + pid_g * N_TILES
-        stop = first + N_TILES
-        x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m = _block_setup(
-            pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
-            MMA, XS_L, BM)
-    cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
+        xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
     xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM],
                                         gl.SwizzledSharedLayout(1, 1, 1, [0]))
 
@@ -339,19 +337,13 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
     num_k = K // CHUNK
     never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
-    for t in range(first, stop):
-        pid_m = t // n_tiles
-        pid_n = t % n_tiles
-        fresh = (t == first) | (pid_n == 0)  # the first tile of this program or of its M-block
-        if PERSISTENT:
-            x_rows, row_ok_x, as_rows, row_ok_m, xs_src, row_ok_s, slot_m, route_m = _block_setup(
-                pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED,
-                X_LOAD, MMA, XS_L, BM)
-        expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
+    for j in range(N_TILES):
+        pid_n = pid_g * N_TILES + j
+        fresh = j == 0
         w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                        stride_wsn, P_W, BN)
-        _fill_ring(x_ring, w_ring, xs_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh, RING,
-                   SCALE_RING, A_RESIDENT)
+        _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
+                   RING, SCALE_RING, A_RESIDENT)
         rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
         cp.wait_group(RING - 2)
@@ -412,11 +404,8 @@ def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_r
     a chunk ahead."""
     cp.wait_group(RING - 3)  # chunk k's activations, chunk k + 1's packed weights (mine)
     _barrier()  # everyone's; chunk k's decoded weights (stored and fenced last trip); chunk k - 1's slots
-    kn = gl.minimum(k + RING - 1, num_k - 1)
-    _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
-                mask=row_ok_x[:, None])
-    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
-    cp.commit_group()
+    _copy_chunk(x_ring, w_ring, x_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x, w_rows,
+                w_rows, row_ok_x, True, RING, False, False)
     part = warpgroup_mma(x_ring.index(k % RING), w_cur.permute((1, 0)),
                          gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
     w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
@@ -481,10 +470,9 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
         w_even = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
         w_odd = gl.allocate_shared_memory(gl.float8e4nv, [BN, CHUNK], W_SMEM)
     # (no scales ring with SCALE_RING 0: x_ring stands in for it, never touched)
-    _fill_ring(x_ring, w_ring, xs_ring if SCALE_RING else x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src,
-               row_ok_s, True, RING, SCALE_RING, False)
-
     num_k = K // CHUNK
+    _fill_ring(x_ring, w_ring, xs_ring if SCALE_RING else x_ring, num_k, x_rows, cols_x, row_ok_x, w_rows,
+               xs_src, row_ok_s, True, RING, SCALE_RING, False)
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
     cp.wait_group(RING - 2)
@@ -501,12 +489,8 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
             part = warpgroup_mma(x_ring.index(k % RING), w_dec.index(k % 2).permute((1, 0)),
                                  gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
             # the slots chunk k - 1 used are free: every warpgroup waited for its wgmma before the barrier
-            kn = gl.minimum(k + RING - 1, num_k - 1)
-            _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
-                        mask=row_ok_x[:, None])
-            _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
-            _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
-            cp.commit_group()
+            _copy_chunk(x_ring, w_ring, xs_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x,
+                        w_rows, xs_src, row_ok_s, True, RING, True, False)
             cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
             w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
             _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
@@ -587,9 +571,9 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4],
                                        gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
     dec = gl.allocate_shared_memory(gl.float8e4nv, [3, BN, CHUNK], W_SMEM)
-    _fill_ring(x_ring, w_ring, x_ring, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, True, RING, False,
-               False)
     num_k = K // CHUNK
+    _fill_ring(x_ring, w_ring, x_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, True, RING,
+               False, False)
     rmax = _row_max_scale(ws_rows, num_k, S2, BN)
     cp.wait_group(RING - 3)  # chunks 0 and 1 (mine)
     _decode_into(dec, 0, w_ring, gl.load(ws_rows).to(gl.int32), rmax, P_W, W_WORDS, BN, RING)
@@ -611,11 +595,8 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
         acc_a += done_a * xs[:, None]
         cp.wait_group(RING - 4)  # chunk c + 1's activations, chunk c + 2's packed weights (mine)
         _barrier()  # everyone's: chunk c + 1 decoded; chunk c - 1's slots read by both its halves
-        kn = gl.minimum(c + RING - 1, num_k - 1)
-        _async_load(x_ring.index((c + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
-                    mask=row_ok_x[:, None])
-        _async_load(w_ring.index((c + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
-        cp.commit_group()
+        _copy_chunk(x_ring, w_ring, x_ring, c + RING - 1, c + RING - 1, num_k, x_rows, cols_x, row_ok_x,
+                    w_rows, w_rows, row_ok_x, True, RING, False, False)
         part_a = warpgroup_mma(x_ring.index((c + 1) % RING), _half(dec, c + 1, 0, BN), zero, use_acc=False,
                                is_async=True)
         done_b, _ = warpgroup_mma_wait(num_outstanding=1, deps=[part_b, part_a])
@@ -926,10 +907,8 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}
     resident = bool(config.get("A_RESIDENT", 0))
-    persistent = bool(config.get("PERSISTENT", 0))
-    tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident and not persistent else 1
-    const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles,
-                 PERSISTENT=persistent)
+    tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident else 1
+    const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles)
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
@@ -1026,38 +1005,10 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
-    args = (a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
-            align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-            w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"])
     grid = align.max_blocks * (n // (bn * const.get("N_TILES", 1)))
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
-    elif const.get("PERSISTENT"):  # as many programs as the SMs hold at once
-        grid = min(grid, _sm_count(a.device) * _programs_an_sm(kernel, args, const, options))
-    kernel[(grid,)](*args, **const, **options)
-
-
-_SM90_REGS, _SM90_SMEM, _SM90_WARPS = 65536, 233472, 64  # per SM
-
-
-def programs_an_sm(n_regs: int, shared: int, num_warps: int) -> int:
-    """CTAs of a compiled kernel one sm_90 SM holds: registers go out by the warp in 256-register units,
-    each CTA's shared memory takes 1 KiB more (the system's)."""
-    warp_regs = -(-n_regs * 32 // 256) * 256
-    by_regs = _SM90_REGS // (warp_regs * num_warps) if n_regs else _SM90_WARPS // num_warps
-    return max(1, min(by_regs, _SM90_SMEM // (shared + 1024), _SM90_WARPS // num_warps, 32))
-
-
-_OCCUPANCY: dict[tuple, int] = {}
-
-
-def _programs_an_sm(kernel, args, const, options) -> int:
-    """``programs_an_sm`` of the kernel these arguments compile (compiled once, not launched; cached by the
-    constexprs, which decide the resources)."""
-    key = (kernel.fn.__name__, args[4].dtype, args[0].device, tuple(sorted(const.items())),
-           tuple(sorted(options.items())))
-    if key not in _OCCUPANCY:
-        compiled = kernel.warmup(*args, grid=(1,), **const, **options)
-        compiled.run  # loads the module: n_regs is known from here on  # noqa: B018
-        _OCCUPANCY[key] = programs_an_sm(compiled.n_regs, compiled.metadata.shared, const["num_warps"])
-    return _OCCUPANCY[key]
+    kernel[(grid,)](
+        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
+        align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
+        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)
