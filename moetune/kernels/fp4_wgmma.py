@@ -212,33 +212,18 @@ def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _live(ptrs, n):
-    """A mask like ``ptrs``: all true if n >= 0, all false else (a copy past the last chunk then reads
-    nothing: it only fills a slot no product reads)."""
-    return gl.full(ptrs.shape, n, gl.int32, ptrs.type.layout) >= 0
-
-
-@gluon.jit
-def _copy_chunk(x_ring, w_ring, xs_ring, c, k, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
-                fresh, RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
-    """Chunk k's copies into ring slot c % RING (resident activations: slot k, only if ``fresh``), one commit
-    group; past the last chunk (k >= num_k) the group is empty of reads."""
-    live = k < num_k
-    kc = gl.minimum(k, num_k - 1)
-    _x_copy(x_ring, c, kc, x_rows, cols_x, row_ok_x & live, fresh & live, RING, A_RESIDENT)
-    _async_load(w_ring.index(c % RING), w_rows + kc * (CHUNK // 8), mask=_live(w_rows, num_k - 1 - k))
-    if SCALE_RING:
-        _async_load(xs_ring.index(c % RING), xs_src + kc, mask=row_ok_s & live)
-    cp.commit_group()
-
-
-@gluon.jit
 def _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
                RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
-    """The copies of chunks 0 .. RING - 2, one commit group each."""
+    """The copies of chunks 0 .. RING - 2, one commit group each (resident activations: only if ``fresh``).
+    Past the last chunk (K / 128 < RING - 1) the last chunk again, never used, as in the loop (a masked copy
+    would cost the loop's instructions there: 2.5-3% at down 6144 on the H200, results/fp4_prefill.md)."""
     for i in gl.static_range(RING - 1):
-        _copy_chunk(x_ring, w_ring, xs_ring, i, i, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
-                    fresh, RING, SCALE_RING, A_RESIDENT)
+        kc = gl.minimum(i, num_k - 1)
+        _x_copy(x_ring, i, kc, x_rows, cols_x, row_ok_x, fresh & (i < num_k), RING, A_RESIDENT)
+        _async_load(w_ring.index(i), w_rows + kc * (CHUNK // 8))
+        if SCALE_RING:
+            _async_load(xs_ring.index(i), xs_src + kc, mask=row_ok_s)
+        cp.commit_group()
 
 
 @gluon.jit
@@ -257,8 +242,13 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     part = warpgroup_mma(a_op, _x_slot(x_ring, k, k, RING, A_RESIDENT).permute((1, 0)),
                          gl.zeros([BN, BM], gl.float32, MMA), use_acc=False, is_async=True)
 
-    _copy_chunk(x_ring, w_ring, xs_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x, w_rows,
-                xs_src, row_ok_s, fresh, RING, SCALE_RING, A_RESIDENT)
+    kn = gl.minimum(k + RING - 1, num_k - 1)  # past the end: the last chunk again, never used
+    _x_copy(x_ring, k + RING - 1, kn, x_rows, cols_x, row_ok_x, fresh & (k + RING - 1 < num_k), RING,
+            A_RESIDENT)
+    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+    if SCALE_RING:
+        _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
+    cp.commit_group()
     cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
     a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
     s_next = s_far
@@ -404,8 +394,11 @@ def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_r
     a chunk ahead."""
     cp.wait_group(RING - 3)  # chunk k's activations, chunk k + 1's packed weights (mine)
     _barrier()  # everyone's; chunk k's decoded weights (stored and fenced last trip); chunk k - 1's slots
-    _copy_chunk(x_ring, w_ring, x_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x, w_rows,
-                w_rows, row_ok_x, True, RING, False, False)
+    kn = gl.minimum(k + RING - 1, num_k - 1)
+    _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                mask=row_ok_x[:, None])
+    _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+    cp.commit_group()
     part = warpgroup_mma(x_ring.index(k % RING), w_cur.permute((1, 0)),
                          gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
     w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
@@ -489,8 +482,12 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
             part = warpgroup_mma(x_ring.index(k % RING), w_dec.index(k % 2).permute((1, 0)),
                                  gl.zeros([BM, BN], gl.float32, MMA), use_acc=False, is_async=True)
             # the slots chunk k - 1 used are free: every warpgroup waited for its wgmma before the barrier
-            _copy_chunk(x_ring, w_ring, xs_ring, k + RING - 1, k + RING - 1, num_k, x_rows, cols_x, row_ok_x,
-                        w_rows, xs_src, row_ok_s, True, RING, True, False)
+            kn = gl.minimum(k + RING - 1, num_k - 1)
+            _async_load(x_ring.index((k + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                        mask=row_ok_x[:, None])
+            _async_load(w_ring.index((k + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+            _async_load(xs_ring.index((k + RING - 1) % RING), xs_src + kn, mask=row_ok_s)
+            cp.commit_group()
             cp.wait_group(RING - 2)  # chunk k + 1's packed weights: the 16 bytes each thread copied itself
             w_next = _decode_words(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, BN)
             _store_words(w_dec.index((k + 1) % 2), w_next, W_WORDS, BN)
@@ -595,8 +592,11 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
         acc_a += done_a * xs[:, None]
         cp.wait_group(RING - 4)  # chunk c + 1's activations, chunk c + 2's packed weights (mine)
         _barrier()  # everyone's: chunk c + 1 decoded; chunk c - 1's slots read by both its halves
-        _copy_chunk(x_ring, w_ring, x_ring, c + RING - 1, c + RING - 1, num_k, x_rows, cols_x, row_ok_x,
-                    w_rows, w_rows, row_ok_x, True, RING, False, False)
+        kn = gl.minimum(c + RING - 1, num_k - 1)
+        _async_load(x_ring.index((c + RING - 1) % RING), x_rows + kn * CHUNK + cols_x[None, :],
+                    mask=row_ok_x[:, None])
+        _async_load(w_ring.index((c + RING - 1) % RING), w_rows + kn * (CHUNK // 8))
+        cp.commit_group()
         part_a = warpgroup_mma(x_ring.index((c + 1) % RING), _half(dec, c + 1, 0, BN), zero, use_acc=False,
                                is_async=True)
         done_b, _ = warpgroup_mma_wait(num_outstanding=1, deps=[part_b, part_a])
