@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Session 21, call 6: A/B of the kernel module in the sweep's own harness, same machine, alternating: the
-# ring's fill only), after this session's GPU tests: the session 20 module (results/lut_s21/fp4_wgmma_s20.py) against this
-# session's, each timing the down 6144 pick, its resident twin and GROUP_SIZE_M 1.
-#   OUT=/tmp/out bash results/lut_s21/call6.sh      (~4 minutes on one H200)
+# Session 21, call 7: call 6 again after the masked copies were taken back out of the loop (a clamp in the
+# ring's fill only), after this session's GPU tests: A/B in the sweep's own harness, same machine, alternating,
+# the session 20 module (results/lut_s21/fp4_wgmma_s20.py) against this one, each timing the down 6144 pick,
+# its resident twin and GROUP_SIZE_M 1.
+#   OUT=/tmp/out bash results/lut_s21/call7.sh      (~4 minutes on one H200)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MOETUNE_TEST_GPU=1 timeout 240 python -m pytest -q -m gpu tests/test_fp4_wgmma.py tests/test_moe_sum.py \
