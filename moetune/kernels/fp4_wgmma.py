@@ -215,11 +215,16 @@ def _row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
 def _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
                RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
     """The copies of chunks 0 .. RING - 2, one commit group each (resident activations: only if ``fresh``).
-    Past the last chunk (K / 128 < RING - 1) the last chunk again, never used, as in the loop (a masked copy
-    would cost the loop's instructions there: 2.5-3% at down 6144 on the H200, results/fp4_prefill.md)."""
+    Past the last chunk (K / 128 < RING - 1; K / 128 >= 2 always) the last chunk again, never used, as in
+    the loop (a masked copy costs the loop's instructions there: 2.5-3% at down 6144 on the H200, and a
+    clamp of chunks 0 and 1 too, their constant offsets: 1.5%; results/fp4_prefill.md, session 21)."""
     for i in gl.static_range(RING - 1):
-        kc = gl.minimum(i, num_k - 1)
-        _x_copy(x_ring, i, kc, x_rows, cols_x, row_ok_x, fresh & (i < num_k), RING, A_RESIDENT)
+        kc = i
+        live = fresh
+        if i >= 2:
+            kc = gl.minimum(i, num_k - 1)
+            live = fresh & (i < num_k)
+        _x_copy(x_ring, i, kc, x_rows, cols_x, row_ok_x, live, RING, A_RESIDENT)
         _async_load(w_ring.index(i), w_rows + kc * (CHUNK // 8))
         if SCALE_RING:
             _async_load(xs_ring.index(i), xs_src + kc, mask=row_ok_s)
