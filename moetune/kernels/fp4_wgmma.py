@@ -33,7 +33,8 @@ expert, session 18). ``DECODE_WARPS`` 4 or 8 (SWAP_AB 0): persistent and warp-sp
 many warps copies and decodes for the MMA warps through mbarriers (``fp4_wgmma_ws_kernel``; down 24576 routes
 0.587 ms against the plain loop's 0.655, sessions 18-19; what each of its parts costs: results/fp4_prefill.md,
 session 19, and ``benchmarks/ws_ablation.py``). A persistent version of the plain SWAP_AB 0 loop was slower at
-every point measured and was removed (results/fp4_prefill.md, session 18).
+every point measured and was removed (results/fp4_prefill.md, session 18), and so was one of the SWAP_AB 1
+kernel (equal runs of the filled tiles, a program an SM slot: 4-8% slower at down 6144, session 21).
 
 ``A_RESIDENT``: a program keeps its M-block's activations (all K / 128 chunks) in shared memory over several
 N tiles and copies them once: DECODE_WARPS' persistent programs over their run of consecutive tiles (down

@@ -3,6 +3,8 @@
 # session 20 module (results/lut_s21/fp4_wgmma_s20.py: copies past the last chunk re-read it) against this
 # session's (masked copies), each timing the down 6144 pick, its resident twin and GROUP_SIZE_M 1.
 #   OUT=/tmp/out bash results/lut_s21/call6.sh      (~3 minutes on one H200)
+# Needs the session 20 module beside it first (not committed twice): from a clone,
+#   git show 4964212:moetune/kernels/fp4_wgmma.py > results/lut_s21/fp4_wgmma_s20.py
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 cp moetune/kernels/fp4_wgmma.py /root/fp4_wgmma_s21.py

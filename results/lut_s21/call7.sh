@@ -4,6 +4,8 @@
 # the session 20 module (results/lut_s21/fp4_wgmma_s20.py) against this one, each timing the down 6144 pick,
 # its resident twin and GROUP_SIZE_M 1.
 #   OUT=/tmp/out bash results/lut_s21/call7.sh      (~4 minutes on one H200)
+# Needs the session 20 module beside it first (not committed twice): from a clone,
+#   git show 4964212:moetune/kernels/fp4_wgmma.py > results/lut_s21/fp4_wgmma_s20.py
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 MOETUNE_TEST_GPU=1 timeout 240 python -m pytest -q -m gpu tests/test_fp4_wgmma.py tests/test_moe_sum.py \
