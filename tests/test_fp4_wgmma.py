@@ -351,6 +351,38 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("swap, scale_ring", [(1, 1), (1, 0), (0, 1)])
+def test_stages_past_k_give_the_numbers_of_one_stage_on_gpu(swap, scale_ring):
+    """K of two chunks with three stages: the ring's fill copies chunk 1 again for chunk 2 (never used)
+    instead of reading past each weight row and the last one past the tensor. Bit for bit against one stage
+    (SWAP_AB 1) or two (SWAP_AB 0), every active route's row written (NaN-poisoned), the last expert
+    routed."""
+    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.moe_align import align_routes
+    from moetune.quant import quantize_fp8_act, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(23)
+    e, n, k, tokens, top_k = 8, 512, 256, 256, 4
+    ids, _ = make_routes(tokens, top_k, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
+                         device="cuda")
+    ids[0, 0] = e - 1
+    w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
+    q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
+    base = normalize_config({**(GLUON if swap else GLUON_SMEM), "SCALE_RING": scale_ring})
+    align = align_routes(ids, e, base["BLOCK_SIZE_M"])
+    outs = []
+    for stages in (1 if swap or scale_ring else 2, 3):
+        out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
+        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config={**base, "num_stages": stages},
+                     a_k_order="wgmma")
+        outs.append(out)
+    active = ids.flatten() >= 0
+    assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
+    assert torch.equal(outs[1][active], outs[0][active])
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("bm, bn, warps, stages, k, n, layout, scale_ring", [
     (32, 64, 4, 3, 1024, 4096, "indexed", 1), (16, 64, 4, 3, 512, 1152, "gathered", 0),
     (64, 64, 4, 2, 768, 1088, "indexed", 1), (32, 128, 8, 3, 1024, 1024, "indexed", 1),
