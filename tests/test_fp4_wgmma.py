@@ -93,6 +93,11 @@ def test_gluon_config_values_are_checked():
         normalize_config({**GLUON, "SCALE_RING": 2})
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
+    assert normalize_config({**GLUON, "RING_SPLIT": 1})["RING_SPLIT"] == 1
+    for other, match in (({"RING_SPLIT": 1}, "IMPL 'triton'"), ({**GLUON_SMEM, "RING_SPLIT": 1}, "SWAP_AB 0"),
+                         ({**GLUON, "RING_SPLIT": True}, "RING_SPLIT must be 0 or 1")):
+        with pytest.raises(ValueError, match=match):
+            normalize_config(other)
     assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
     for bad in ({**GLUON_SMEM, "MMA_HALVES": 2}, {**GLUON_SMEM, "MMA_HALVES": True}):
         with pytest.raises(ValueError, match="MMA_HALVES must be"):
@@ -177,18 +182,20 @@ def test_gluon_configs_are_candidates_once_per_tile():
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
               c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
-              c["A_RESIDENT"]) for c in gluon}
+              c["A_RESIDENT"], c["RING_SPLIT"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
     switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
-    assert {tuple(c[k] for k in switches) for c in gluon} == {
-        (1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0), (0, 0, 1, 0, 0), (0, 0, 0, 4, 0),
-        (0, 0, 0, 8, 0), (0, 0, 0, 4, 1), (0, 0, 0, 8, 1), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}
+    swap = {(1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}  # each with RING_SPLIT 0, 1
+    assert {tuple(c[k] for k in (*switches, "RING_SPLIT")) for c in gluon} == {
+        (0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 0, 0, 4, 0, 0), (0, 0, 0, 8, 0, 0),
+        (0, 0, 0, 4, 1, 0), (0, 0, 0, 8, 1, 0), *((*s, split) for s in swap for split in (0, 1))}
     assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"] and c["DECODE_WARPS"])
     assert "OUT_DTYPE" not in spec.space  # down's only
     assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
     assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
                    if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
+    assert all(c["IMPL"] == "gluon" and c["SWAP_AB"] for c in spec.candidates() if c["RING_SPLIT"])
 
 
 def test_gluon_refuses_the_interpreter_before_any_launch():
@@ -212,10 +219,13 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1,
                                      "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"},
-                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1}],
+                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1},
+                                    {**GLUON, "SCALE_RING": 1, "RING_SPLIT": 1},
+                                    {**GLUON, "num_stages": 2, "RING_SPLIT": 1},
+                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1, "RING_SPLIT": 1}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
                               "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16",
-                              "swap-resident"])
+                              "swap-resident", "swap-split", "swap-split-odd", "swap-resident-split"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -240,6 +250,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["async"] and got["wgmma"]
     ring = config["num_stages"] + 1  # activation and packed-weight chunks, and SWAP_AB 0's decoded pair
+    ring += ring % 2 * config.get("RING_SPLIT", 0)  # two halves of an odd ring
     bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     acts = (1024 // 128 if config.get("A_RESIDENT") else ring) * bm * 128  # A_RESIDENT: all K (1024) of it
     staged = 0 if config["SWAP_AB"] else (2 + config.get("MMA_HALVES", 0)) * bn * 128
@@ -350,36 +361,42 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
     torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("swap, scale_ring", [(1, 1), (1, 0), (0, 1)])
-def test_stages_past_k_give_the_numbers_of_one_stage_on_gpu(swap, scale_ring):
-    """K of two chunks with three stages: the ring's fill copies chunk 1 again for chunk 2 (never used)
-    instead of reading past each weight row and the last one past the tensor. Bit for bit against one stage
-    (SWAP_AB 1) or two (SWAP_AB 0), every active route's row written (NaN-poisoned), the last expert
-    routed."""
+def _outputs_on_gpu(configs, *, e: int, n: int, k: int, tokens: int, top_k: int, seed: int):
+    """grouped_gemm's per-route rows for each config (all of one BLOCK_SIZE_M) on one problem: skewed and
+    partly inactive routes, the last expert routed, rows NaN-poisoned beforehand; and which rows are
+    active. The first config's active rows are checked finite and not all zero."""
     from moetune.kernels.fp4_prefill import grouped_gemm
     from moetune.kernels.moe_align import align_routes
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
-    g = torch.Generator().manual_seed(23)
-    e, n, k, tokens, top_k = 8, 512, 256, 256, 4
+    g = torch.Generator().manual_seed(seed)
     ids, _ = make_routes(tokens, top_k, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
                          device="cuda")
     ids[0, 0] = e - 1
     w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
     q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
-    base = normalize_config({**(GLUON if swap else GLUON_SMEM), "SCALE_RING": scale_ring})
-    align = align_routes(ids, e, base["BLOCK_SIZE_M"])
+    align = align_routes(ids, e, configs[0]["BLOCK_SIZE_M"])
     outs = []
-    for stages in (1 if swap or scale_ring else 2, 3):
+    for cfg in configs:
         out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
-        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config={**base, "num_stages": stages},
-                     a_k_order="wgmma")
+        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)
     active = ids.flatten() >= 0
     assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
-    assert torch.equal(outs[1][active], outs[0][active])
+    return [out[active] for out in outs]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swap, scale_ring", [(1, 1), (1, 0), (0, 1)])
+def test_stages_past_k_give_the_numbers_of_one_stage_on_gpu(swap, scale_ring):
+    """K of two chunks with three stages: the ring's fill copies chunk 1 again for chunk 2 (never used)
+    instead of reading past each weight row and the last one past the tensor. Bit for bit against one stage
+    (SWAP_AB 1) or two (SWAP_AB 0)."""
+    base = normalize_config({**(GLUON if swap else GLUON_SMEM), "SCALE_RING": scale_ring})
+    one, three = _outputs_on_gpu([{**base, "num_stages": 1 if swap or scale_ring else 2},
+                                  {**base, "num_stages": 3}], e=8, n=512, k=256, tokens=256, top_k=4, seed=23)
+    assert torch.equal(three, one)
 
 
 @pytest.mark.gpu
@@ -390,31 +407,35 @@ def test_stages_past_k_give_the_numbers_of_one_stage_on_gpu(swap, scale_ring):
 def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, k, n, layout, scale_ring):
     """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) against
     the same kernel with the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of
-    2-8 chunks, every active route's row written (NaN-poisoned), skewed and partly inactive routes."""
-    from moetune.kernels.fp4_prefill import grouped_gemm
+    2-8 chunks."""
     from moetune.kernels.fp4_wgmma import resident_n_tiles
-    from moetune.kernels.moe_align import align_routes
-    from moetune.quant import quantize_fp8_act, quantize_mxfp4
-    from moetune.routing import make_routes
 
-    g = torch.Generator().manual_seed(19)
-    e, tokens, top_k = 16, 512, 4
-    ids, _ = make_routes(tokens, top_k, e, routing="zipf:1.1", active_fraction=0.9, generator=g,
-                         device="cuda")
-    w, ws = (t.cuda() for t in quantize_mxfp4(torch.randn(e, n, k, generator=g) * 0.05))
-    q, s = quantize_fp8_act(torch.randn(tokens, k, generator=g).cuda(), k_order="wgmma")
     base = normalize_config({**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
                              "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring})
     assert resident_n_tiles(n, bn) == {17: 1, 18: 2}.get(n // bn, 4 if n // bn % 4 == 0 else 2)
-    align = align_routes(ids, e, bm)
-    outs = []
-    for cfg in (base, {**base, "A_RESIDENT": 1}):
-        out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
-        grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
-        outs.append(out)
-    active = ids.flatten() >= 0
-    assert torch.isfinite(outs[0][active]).all() and outs[0][active].abs().sum() > 0
-    assert torch.equal(outs[1][active], outs[0][active])
+    ring, resident = _outputs_on_gpu([base, {**base, "A_RESIDENT": 1}], e=16, n=n, k=k, tokens=512, top_k=4,
+                                     seed=19)
+    assert torch.equal(resident, ring)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bm, bn, warps, stages, k, n, layout, scale_ring, resident", [
+    (32, 64, 4, 3, 1024, 4096, "indexed", 1, 0), (32, 64, 4, 3, 256, 1024, "indexed", 1, 0),
+    (16, 64, 4, 3, 512, 1152, "gathered", 0, 0), (64, 64, 4, 2, 768, 1088, "indexed", 1, 0),
+    (32, 128, 8, 1, 512, 1024, "indexed", 1, 0), (16, 64, 4, 3, 1024, 4096, "indexed", 1, 1),
+    (32, 64, 4, 2, 768, 1152, "gathered", 0, 1), (32, 128, 8, 3, 512, 1024, "indexed", 1, 1)])
+def test_split_ring_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, k, n, layout, scale_ring,
+                                                         resident):
+    """RING_SPLIT (each ring two buffers by chunk parity, a commit group carrying the next chunk's weights)
+    against the one-buffer rings, bit for bit: 1-3 stages (even and odd rings), K of 2-8 chunks (with three
+    stages at two chunks the fill's copies past K), with and without A_RESIDENT (programs of 1, 2 and 4
+    tiles)."""
+    base = normalize_config({**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
+                             "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring,
+                             "A_RESIDENT": resident})
+    ring, split = _outputs_on_gpu([base, {**base, "RING_SPLIT": 1}], e=16, n=n, k=k, tokens=512, top_k=4,
+                                  seed=29)
+    assert torch.equal(split, ring)
 
 
 @pytest.mark.gpu

@@ -27,6 +27,15 @@ registers instead of 168 (capped; the launcher caps SCALE_RING's at 128, four CT
 loop instructions instead of 447, BM64 208 without spill instead of 255, BM128 BN128 13 spilled loads instead
 of 305. On the H200 (session 17) 1.09-1.14x the SCALE_RING 0 kernel's time at 1536-12288 routes for gate/up.
 
+``RING_SPLIT`` (SWAP_AB 1): each ring as two allocations, even and odd chunks, and a commit group carrying
+the next chunk's weights (``_split_chunk``). Triton's barrier analysis tells allocations apart, not a
+buffer's slots: the one-buffer rings take three CTA barriers a chunk (after both cp.async waits, and before
+the copies into the slot the last chunk read), the split rings one with an even ring (num_stages 1 or 3), two
+with an odd one. Offline (Triton 3.6, sm_90) the down 6144 pick's loop is 388 instructions instead of 394,
+2 barriers a two-chunk trip instead of 6, the BM32 resident kernel's spills 5 / 5 instead of 13 / 11
+(results/fp4_prefill.md, session 22). Bit for bit the one-buffer rings' numbers (a GPU test); its time on
+the H200 not measured yet.
+
 ``MMA_HALVES`` (SWAP_AB 0): each chunk's product in two N halves, the next chunk's first half queued before
 this one's second half is rescaled; on the H200 faster only with 64-row tiles (gate/up at 37-59 rows an
 expert, session 18). ``DECODE_WARPS`` 4 or 8 (SWAP_AB 0): persistent and warp-specialized, a partition of that
@@ -271,6 +280,74 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     return acc, a_next, s_next, s_far, xs_next
 
 
+@gluon.jit
+def _split_slot(even, odd, c, PARITY: gl.constexpr):
+    """Chunk c's slot in a ring split by chunk parity (PARITY, c's, known at compile time)."""
+    ring = even
+    if PARITY:
+        ring = odd
+    return ring.index((c // 2) % ring.shape[0])
+
+
+@gluon.jit
+def _split_copies(c, num_k, x_ev, x_od, w_ev, w_od, xs_ev, xs_od, x_rows, cols_x, row_ok_x, w_rows, xs_src,
+                  row_ok_s, fresh, PARITY: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
+                  CLAMP: gl.constexpr = True):
+    """Commit group c: chunk c's activations (and their scales) and chunk c + 1's weights; past the last
+    chunk the last chunk again, never used (CLAMP; the fill's first group needs none: K / 128 >= 2)."""
+    kc = c
+    wc = c + 1
+    if CLAMP:
+        kc = gl.minimum(c, num_k - 1)
+        wc = gl.minimum(c + 1, num_k - 1)
+    if A_RESIDENT:
+        if fresh:
+            _async_load(_split_slot(x_ev, x_od, kc, PARITY), x_rows + kc * CHUNK + cols_x[None, :],
+                        mask=row_ok_x[:, None])
+    else:
+        _async_load(_split_slot(x_ev, x_od, c, PARITY), x_rows + kc * CHUNK + cols_x[None, :],
+                    mask=row_ok_x[:, None])
+    _async_load(_split_slot(w_ev, w_od, c + 1, 1 - PARITY), w_rows + wc * (CHUNK // 8))
+    if SCALE_RING:
+        _async_load(_split_slot(xs_ev, xs_od, c, PARITY), xs_src + kc, mask=row_ok_s)
+    cp.commit_group()
+
+
+@gluon.jit
+def _split_chunk(k, num_k, x_ev, x_od, x_rows, cols_x, row_ok_x, w_ev, w_od, w_rows, ws_rows, xs_ev, xs_od,
+                 xs_src, row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, fresh,
+                 PARITY: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, L5: gl.constexpr,
+                 P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, RING: gl.constexpr,
+                 SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
+    """``_chunk`` with ``RING_SPLIT``: one CTA barrier a chunk instead of three (offline, Triton 3.6). Each
+    ring is two buffers, even and odd chunks, and a commit group carries the next chunk's weights, so after
+    the wait for group k chunk k's activations and chunk k + 1's weights are in, and group k + RING - 1's
+    copies, issued at once, touch no buffer this chunk reads (with RING even: they are the other parity's):
+    Triton's barrier analysis, which tells buffers apart but not a buffer's slots, adds no barrier between
+    them. The slots they overwrite were last read before this chunk's barrier."""
+    cp.wait_group(RING - 2)
+    fence_async_shared()
+    _split_copies(k + RING - 1, num_k, x_ev, x_od, w_ev, w_od, xs_ev, xs_od, x_rows, cols_x, row_ok_x, w_rows,
+                  xs_src, row_ok_s, fresh & (k + RING - 1 < num_k), (PARITY + RING - 1) % 2, SCALE_RING,
+                  A_RESIDENT)
+    if SCALE_RING:
+        xs = _split_slot(xs_ev, xs_od, k, PARITY).load(gl.SliceLayout(0, MMA))
+    a_op = _operand(a_cur, A_OP, BN)
+    part = warpgroup_mma(a_op, _split_slot(x_ev, x_od, k, PARITY).permute((1, 0)),
+                         gl.zeros([BN, BM], gl.float32, MMA), use_acc=False, is_async=True)
+    a_next = _decode(_split_slot(w_ev, w_od, k + 1, 1 - PARITY).load(P_W), s_next, rmax, L5, BN)
+    s_next = s_far
+    s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+    if SCALE_RING:
+        xs_next = xs
+    else:
+        xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
+    part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
+    _keep_alive(a_op, never)
+    acc += part * xs[None, :]
+    return acc, a_next, s_next, s_far, xs_next
+
+
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
 def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
@@ -278,7 +355,8 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
-                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr):
+                     X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr,
+                     RING_SPLIT: gl.constexpr = False):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % (BLOCK_SIZE_N * N_TILES) == 0,
     K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block; with ``A_RESIDENT`` their
     activations (X_SLOTS = K / 128 chunks) are copied once, with the first tile's, and stay in shared
@@ -325,12 +403,20 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
         xs_src = a_scale_ptr + slot_s.to(gl.int64) * stride_asm
     else:
         xs_src = a_scale_ptr + gl.where(row_ok_s, route_s // A_DIV, 0).to(gl.int64) * stride_asm
-    xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM],
-                                        gl.SwizzledSharedLayout(1, 1, 1, [0]))
-
-    x_ring = gl.allocate_shared_memory(gl.float8e4nv, [X_SLOTS, BM, CHUNK], X_SMEM)
+    XS_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
     W_SMEM: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-    w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
+    if RING_SPLIT:  # each ring as two allocations, even and odd chunks (_split_chunk)
+        HALF: gl.constexpr = (RING + 1) // 2
+        x_ring = gl.allocate_shared_memory(gl.float8e4nv, [(X_SLOTS + 1) // 2, BM, CHUNK], X_SMEM)
+        x_odd = gl.allocate_shared_memory(gl.float8e4nv, [(X_SLOTS + 1) // 2, BM, CHUNK], X_SMEM)
+        w_ring = gl.allocate_shared_memory(gl.int32, [HALF, BN, 4, 4], W_SMEM)
+        w_odd = gl.allocate_shared_memory(gl.int32, [HALF, BN, 4, 4], W_SMEM)
+        xs_ring = gl.allocate_shared_memory(gl.float32, [HALF if SCALE_RING else 1, BM], XS_SMEM)
+        xs_odd = gl.allocate_shared_memory(gl.float32, [HALF if SCALE_RING else 1, BM], XS_SMEM)
+    else:
+        x_ring = gl.allocate_shared_memory(gl.float8e4nv, [X_SLOTS, BM, CHUNK], X_SMEM)
+        w_ring = gl.allocate_shared_memory(gl.int32, [RING, BN, 4, 4], W_SMEM)
+        xs_ring = gl.allocate_shared_memory(gl.float32, [RING if SCALE_RING else 1, BM], XS_SMEM)
     num_k = K // CHUNK
     never = (gl.full([BN, CHUNK], stride_cm, gl.int32, A_OP) < 0).to(gl.uint8)  # a runtime 0 (_keep_alive)
     for j in range(N_TILES):
@@ -338,8 +424,15 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
         fresh = j == 0
         w_rows, ws_rows = _weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
                                        stride_wsn, P_W, BN)
-        _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, fresh,
-                   RING, SCALE_RING, A_RESIDENT)
+        if RING_SPLIT:
+            _async_load(w_ring.index(0), w_rows)  # chunk 0's weights, in commit group 0
+            for i in gl.static_range(RING - 1):
+                _split_copies(i, num_k, x_ring, x_odd, w_ring, w_odd, xs_ring, xs_odd, x_rows, cols_x,
+                              row_ok_x, w_rows, xs_src, row_ok_s, fresh & (i < num_k), i % 2, SCALE_RING,
+                              A_RESIDENT, i >= 1)
+        else:
+            _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
+                       fresh, RING, SCALE_RING, A_RESIDENT)
         rmax = _row_max_scale(ws_rows, num_k, S2, BN)
 
         cp.wait_group(RING - 2)
@@ -353,10 +446,17 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
         acc = gl.zeros([BN, BM], gl.float32, MMA)
         for k0 in range(0, num_k, 2):
             for u in gl.static_range(2):
-                acc, a_cur, s_next, s_far, xs = _chunk(
-                    k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src,
-                    row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, fresh, MMA, A_OP,
-                    L5, P_W, BN, BM, RING, SCALE_RING, A_RESIDENT)
+                if RING_SPLIT:
+                    acc, a_cur, s_next, s_far, xs = _split_chunk(
+                        k0 + u, num_k, x_ring, x_odd, x_rows, cols_x, row_ok_x, w_ring, w_odd, w_rows,
+                        ws_rows, xs_ring, xs_odd, xs_src, row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur,
+                        s_next, s_far, xs, never, fresh, u, MMA, A_OP, L5, P_W, BN, BM, RING, SCALE_RING,
+                        A_RESIDENT)
+                else:
+                    acc, a_cur, s_next, s_far, xs = _chunk(
+                        k0 + u, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring,
+                        xs_src, row_ok_s, as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never,
+                        fresh, MMA, A_OP, L5, P_W, BN, BM, RING, SCALE_RING, A_RESIDENT)
         cp.wait_group(0)
 
         wf = (gl.convert_layout(gl.reshape(rmax, [BN]), gl.SliceLayout(1, MMA)) - 1) << 23  # 2^(rmax - 128)
@@ -915,6 +1015,7 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     resident = bool(config.get("A_RESIDENT", 0))
     tiles = resident_n_tiles(n, config["BLOCK_SIZE_N"]) if resident else 1
     const.update(A_RESIDENT=resident, X_SLOTS=k // 128 if resident else const["RING"], N_TILES=tiles)
+    const["RING_SPLIT"] = bool(config.get("RING_SPLIT", 0))
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 

@@ -38,17 +38,22 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "DECODE_WARPS": (0, 4, 8),
     "A_RESIDENT": (0, 1),
     "OUT_DTYPE": ("fp32", "bf16"),
+    "RING_SPLIT": (0, 1),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
 # MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
 # rescaled) and DECODE_WARPS (4 or 8: a warp-specialized partition of that many warps copies and decodes for
 # the MMA warps), and A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
-# consecutive N tiles: DECODE_WARPS' persistent programs over their run of tiles, SWAP_AB 1's over 4).
+# consecutive N tiles: DECODE_WARPS' persistent programs over their run of tiles, SWAP_AB 1's over 4), and
+# RING_SPLIT (SWAP_AB 1: each ring as two buffers, even and odd chunks, the weights a chunk ahead: one CTA
+# barrier a chunk instead of three with an even ring, num_stages 1 or 3).
 # OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype (bf16 halves the bytes the epilogue stores and
 # the sum over top_k reads; the MoE's error against the reference 0.40% -> 0.56% in the CPU suite's case).
 # Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first moves values across fp8
 # rounding boundaries (2-3% error in the same case).
+# The switches only IMPL "gluon" reads: 0 with IMPL "triton".
+GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT")
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -56,7 +61,7 @@ DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
-    "MMA_HALVES": 0, "DECODE_WARPS": 0, "A_RESIDENT": 0, "OUT_DTYPE": "fp32",
+    "MMA_HALVES": 0, "DECODE_WARPS": 0, "A_RESIDENT": 0, "OUT_DTYPE": "fp32", "RING_SPLIT": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -101,7 +106,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT"):
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT", "RING_SPLIT"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     if isinstance(cfg["DECODE_WARPS"], bool):
@@ -133,6 +138,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError(f"config OUT_DTYPE {cfg['OUT_DTYPE']!r} is down's only: gate/up's fp32 rows feed "
                          f"the fp8 quantizer, which a rounding before it would move off the reference")
     swap_gluon = cfg["IMPL"] == "gluon" and cfg["SWAP_AB"] == 1
+    if cfg["RING_SPLIT"] and not swap_gluon:
+        raise ValueError(f"config RING_SPLIT 1 is a switch of IMPL 'gluon' with SWAP_AB 1; got IMPL "
+                         f"{cfg['IMPL']!r}, SWAP_AB {cfg['SWAP_AB']}")
     if cfg["A_RESIDENT"] and not (swap_gluon or (cfg["DECODE_WARPS"] and cfg["GROUP_SIZE_M"] == 1)):
         raise ValueError(f"config A_RESIDENT 1 is a switch of IMPL 'gluon' with SWAP_AB 1, or of "
                          f"DECODE_WARPS 4 or 8, which runs an M-block's N tiles in a row: there GROUP_SIZE_M "
@@ -176,8 +184,9 @@ def smem_bytes(cfg: Mapping[str, Any], k: int | None = None) -> int:
             return x_slots * bm * bk + (st + 1) * bn * bk + st * bn * bk // 2 + out + 8 * bn + 1536
         decoded = 3 if cfg.get("MMA_HALVES") else 2
         staged = 0 if cfg["SWAP_AB"] else decoded * bn * bk + 4 * (st + 1) * bm * cfg["SCALE_RING"]
-        x_slots = k // bk if cfg.get("A_RESIDENT") and k else st + 1
-        return x_slots * bm * bk + (st + 1) * bn * bk // 2 + staged + 4096
+        ring = st + 1 + (st + 1) % 2 * cfg.get("RING_SPLIT", 0)  # split: an odd ring's halves round up
+        x_slots = k // bk if cfg.get("A_RESIDENT") and k else ring
+        return x_slots * bm * bk + ring * bn * bk // 2 + staged + 4096
     e = 1 if cfg["DECODE"] in ("fp8", "fp8_row", "fp8_scaled") else 2
     xs = 4 * bm * bk if cfg["DECODE"] == "bf16" and bk > 128 else 0
     pipeline = (st - 1) * (bm * bk + xs + bn * bk // 2 + bn * bk // 32)
@@ -309,12 +318,15 @@ class Fp4PrefillSpec(KernelSpec):
     def candidates(self) -> Iterator[Config]:
         """The space's product without the configs no problem can run: the switches and BLOCK_SIZE_K are
         checked once per combination (and per M tile <= or > the N tile, all A_QUADS reads of the tiles, and
-        per GROUP_SIZE_M 1 or not, all A_RESIDENT reads), and only the valid combinations are crossed with
-        the tiles. The survivors of the constraint are the full product's (tests/test_fp4_spec.py); about 40%
-        of the raw product, whose checks were half of a six-point V4-Flash plan's 20 s here (session 15)."""
+        per GROUP_SIZE_M 1 or not, all A_RESIDENT reads), each IMPL's combinations only with the values it
+        can run of the keys it pins, and only the valid combinations are crossed with the tiles. The
+        survivors of the constraint are the full product's (tests/test_fp4_spec.py); about 40% of the raw
+        product, whose checks were half of a six-point V4-Flash plan's 20 s here (session 15)."""
         tile_keys = [k for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "GROUP_SIZE_M", "num_warps", "num_stages")
                      if k in self.space]
         rest = [k for k in self.space if k not in tile_keys]
+        combos = [c for impl in self.space.get("IMPL", (self.default["IMPL"],))
+                  for c in itertools.product(*(self._switch_values(k, impl) for k in rest))]
         valid: dict[tuple[bool, bool], list[tuple]] = {}
         for m_over_n in (False, True):
             tile = {"BLOCK_SIZE_M": 32 if m_over_n else 16, "BLOCK_SIZE_N": 16 if m_over_n else 32,
@@ -324,7 +336,7 @@ class Fp4PrefillSpec(KernelSpec):
                 items = {**tile, **tile_keys, **dict(zip(rest, combo, strict=True))}.items()
                 return _config_check(self.gemm, tuple(items))[0] is None
 
-            valid[m_over_n, True] = [c for c in itertools.product(*(self.space[k] for k in rest)) if ok(c)]
+            valid[m_over_n, True] = [c for c in combos if ok(c)]
             # a larger GROUP_SIZE_M only takes configs away (A_RESIDENT's)
             valid[m_over_n, False] = [c for c in valid[m_over_n, True] if ok(c, GROUP_SIZE_M=8)]
         for tiles in itertools.product(*(self.space[k] for k in tile_keys)):
@@ -332,6 +344,16 @@ class Fp4PrefillSpec(KernelSpec):
             group_one = fixed.get("GROUP_SIZE_M", self.default["GROUP_SIZE_M"]) == 1
             for combo in valid[fixed["BLOCK_SIZE_M"] > fixed["BLOCK_SIZE_N"], group_one]:
                 yield {**fixed, **dict(zip(rest, combo, strict=True))}
+
+    def _switch_values(self, key: str, impl: str) -> tuple:
+        """The values of ``key`` worth checking with ``impl``: the one an IMPL pins (GLUON_FIXED; the
+        Gluon-only switches off with "triton"; none if the space lacks it), else the space's."""
+        pinned = GLUON_FIXED if impl == "gluon" else dict.fromkeys(GLUON_ONLY, 0)
+        if key == "IMPL":
+            return (impl,)
+        if key in pinned:
+            return (pinned[key],) if pinned[key] in self.space[key] else ()
+        return self.space[key]
 
     def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
         experts, inter = model.per_rank(tp, ep)

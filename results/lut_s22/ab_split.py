@@ -1,0 +1,91 @@
+"""RING_SPLIT against the one-buffer rings, in the sweep's own harness on one machine: for each point, the
+committed table's pick (and at down 6144 its GROUP_SIZE_M 1 and A_RESIDENT twins) with RING_SPLIT 0 and 1,
+measured by `moetune sweep --start` (coordinate, the budget = the starts, so only they are timed), RUNS
+times, the order of each pair reversed every other run. Stores outside $OUT (a warm machine keeps them:
+removed first), into $OUT/stores.tar.gz; the table of times last, also as $OUT/ab.md.
+
+    OUT=/tmp/out PYTHONPATH=$PWD python results/lut_s22/ab_split.py down:6144 down:1536 gate_up:6144
+
+Points: GEMM:ROUTES of DeepSeek-V4-Flash at TP 2 (top_k 6: tokens = routes / 6).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+RUNS = 2
+TABLES = {"gate_up": "configs/sm_90/fp4_prefill.gate_up/E256_N2048_K4096_topk6.json",
+          "down": "configs/sm_90/fp4_prefill.down/E256_N4096_K1024_topk6.json"}
+
+
+def starts(gemm: str, routes: int) -> list[dict]:
+    """The table's pick at the point and its twins, each without and with RING_SPLIT."""
+    doc = json.loads(Path(TABLES[gemm]).read_text())
+    pick = next(e["config"] for e in doc["entries"] if e["tokens"] == routes // 6)
+    if pick.get("IMPL") != "gluon" or not pick.get("SWAP_AB"):
+        raise SystemExit(f"{gemm} {routes}: the pick is not a Gluon SWAP_AB 1 config: {pick}")
+    twins = [pick]
+    if (gemm, routes) == ("down", 6144):
+        twins += [{**pick, "GROUP_SIZE_M": 1}, {**pick, "A_RESIDENT": 1 - pick["A_RESIDENT"]}]
+    return [{**c, "RING_SPLIT": split} for c in twins for split in (0, 1)]
+
+
+def label(c: dict) -> str:
+    return f"BM{c['BLOCK_SIZE_M']} G{c['GROUP_SIZE_M']}" + (" resident" if c["A_RESIDENT"] else " ring")
+
+
+def main(points: list[str]) -> None:
+    out = Path(os.environ["OUT"])
+    for old in glob.glob("/root/s22_*.sqlite*"):
+        os.remove(old)
+    rows, dbs = [], []
+    for run in range(1, RUNS + 1):
+        for point in points:
+            gemm, routes = point.split(":")
+            configs = starts(gemm, int(routes))
+            if run % 2 == 0:  # each pair the other way round
+                configs = [c for i in range(0, len(configs), 2) for c in (configs[i + 1], configs[i])]
+            start = Path(f"/root/s22_start_{gemm}_{routes}_{run}.json")
+            start.write_text(json.dumps(configs))
+            db = f"/root/s22_{gemm}_{routes}_{run}.sqlite"
+            cmd = [sys.executable, "-m", "moetune", "sweep", "--db", db, "--budget", str(len(configs)),
+                   "--time-limit", "150", "--quiet", "-m", "deepseek-v4-flash", "--tp", "2",
+                   "-k", f"fp4_prefill.{gemm}", "--routes", routes, "--strategy", "coordinate",
+                   "--start", str(start)]
+            with open(out / "sweeps.log", "a") as log:
+                log.write(f"\n### run {run} {point}\n")
+                log.flush()
+                subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=200, check=False)
+            con = sqlite3.connect(db)
+            con.execute("pragma wal_checkpoint(truncate)")
+            for t, c, status in con.execute("select time_ms, config, status from measurements"):
+                c = json.loads(c)
+                if c.get("IMPL") == "gluon":
+                    rows.append((gemm, int(routes), label(c), run, c.get("RING_SPLIT", 0), status, t))
+            con.close()
+            dbs.append(db)
+    with tarfile.open(out / "stores.tar.gz", "w:gz") as tar:
+        for db in dbs:
+            tar.add(db, arcname=Path(db).name)
+    lines = ["| GEMM | routes | config | run | RING_SPLIT 0 ms | RING_SPLIT 1 ms | 1 / 0 |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+    keys = sorted({r[:4] for r in rows})
+    for key in keys:
+        got = {r[4]: (r[6] if r[5] == "ok" else r[5]) for r in rows if r[:4] == key}
+        a, b = got.get(0), got.get(1)
+        ratio = f"{b / a:.3f}" if isinstance(a, float) and isinstance(b, float) else ""
+        fmt = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in (a, b)]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {fmt[0]} | {fmt[1]} | {ratio} |")
+    (out / "ab.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
