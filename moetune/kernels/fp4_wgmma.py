@@ -242,6 +242,26 @@ def _fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows,
 
 
 @gluon.jit
+def _chunk_end(k, num_k, part, a_op, a_next, acc, s_far, xs, ws_rows, as_rows, row_ok_m, never,
+               SCALE_RING: gl.constexpr):
+    """A chunk's last steps under its wgmma: the weight scales of chunk k + 3 and (SCALE_RING 0) the
+    activation scales of chunk k + 1 loaded; then the wait and the rescale by the chunk's activation
+    scales."""
+    s_next = s_far
+    s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
+    if SCALE_RING:
+        xs_next = xs
+    else:
+        xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
+
+    # a_next among the wait's operands keeps the decode ahead of the wait (ptxas would sink it below)
+    part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
+    _keep_alive(a_op, never)
+    acc += part * xs[None, :]
+    return acc, a_next, s_next, s_far, xs_next
+
+
+@gluon.jit
 def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, xs_ring, xs_src, row_ok_s,
            as_rows, row_ok_m, rmax, acc, a_cur, s_next, s_far, xs, never, fresh, MMA: gl.constexpr,
            A_OP: gl.constexpr, L5: gl.constexpr, P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
@@ -266,18 +286,8 @@ def _chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_rows, 
     cp.commit_group()
     cp.wait_group(RING - 2)  # chunk k + 1's weights: each thread reads back the 16 bytes it copied
     a_next = _decode(w_ring.index((k + 1) % RING).load(P_W), s_next, rmax, L5, BN)
-    s_next = s_far
-    s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-    if SCALE_RING:
-        xs_next = xs
-    else:
-        xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
-
-    # a_next among the wait's operands keeps the decode ahead of the wait (ptxas would sink it below)
-    part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
-    _keep_alive(a_op, never)
-    acc += part * xs[None, :]
-    return acc, a_next, s_next, s_far, xs_next
+    return _chunk_end(k, num_k, part, a_op, a_next, acc, s_far, xs, ws_rows, as_rows, row_ok_m, never,
+                      SCALE_RING)
 
 
 @gluon.jit
@@ -336,16 +346,8 @@ def _split_chunk(k, num_k, x_ev, x_od, x_rows, cols_x, row_ok_x, w_ev, w_od, w_r
     part = warpgroup_mma(a_op, _split_slot(x_ev, x_od, k, PARITY).permute((1, 0)),
                          gl.zeros([BN, BM], gl.float32, MMA), use_acc=False, is_async=True)
     a_next = _decode(_split_slot(w_ev, w_od, k + 1, 1 - PARITY).load(P_W), s_next, rmax, L5, BN)
-    s_next = s_far
-    s_far = gl.load(ws_rows + gl.minimum(k + 3, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-    if SCALE_RING:
-        xs_next = xs
-    else:
-        xs_next = gl.load(as_rows + gl.minimum(k + 1, num_k - 1), mask=row_ok_m, other=0.0)
-    part, a_next = warpgroup_mma_wait(num_outstanding=0, deps=[part, a_next])
-    _keep_alive(a_op, never)
-    acc += part * xs[None, :]
-    return acc, a_next, s_next, s_far, xs_next
+    return _chunk_end(k, num_k, part, a_op, a_next, acc, s_far, xs, ws_rows, as_rows, row_ok_m, never,
+                      SCALE_RING)
 
 
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
