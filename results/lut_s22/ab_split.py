@@ -1,6 +1,7 @@
 """RING_SPLIT against the one-buffer rings, in the sweep's own harness on one machine: for each point, the
 committed table's pick (and at down 6144 its GROUP_SIZE_M 1 and A_RESIDENT twins) with RING_SPLIT 0 and 1,
-measured by `moetune sweep --start` (coordinate, the budget = the starts, so only they are timed), RUNS
+measured by `moetune sweep --start` (coordinate, the budget the starts and the shipped default, which a
+sweep times first, so only they are timed), RUNS
 times, the order of each pair reversed every other run. Stores outside $OUT (a warm machine keeps them:
 removed first), into $OUT/stores.tar.gz; the table of times last, also as $OUT/ab.md.
 
@@ -55,7 +56,7 @@ def main(points: list[str]) -> None:
             start = Path(f"/root/s22_start_{gemm}_{routes}_{run}.json")
             start.write_text(json.dumps(configs))
             db = f"/root/s22_{gemm}_{routes}_{run}.sqlite"
-            cmd = [sys.executable, "-m", "moetune", "sweep", "--db", db, "--budget", str(len(configs)),
+            cmd = [sys.executable, "-m", "moetune", "sweep", "--db", db, "--budget", str(len(configs) + 1),
                    "--time-limit", "150", "--quiet", "-m", "deepseek-v4-flash", "--tp", "2",
                    "-k", f"fp4_prefill.{gemm}", "--routes", routes, "--strategy", "coordinate",
                    "--start", str(start)]
