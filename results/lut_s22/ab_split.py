@@ -1,8 +1,9 @@
 """RING_SPLIT against the one-buffer rings, in the sweep's own harness on one machine: for each point, the
 committed table's pick (and at down 6144 its GROUP_SIZE_M 1 and A_RESIDENT twins) with RING_SPLIT 0 and 1,
 measured by `moetune sweep --start` (coordinate, the budget the starts and the shipped default, which a
-sweep times first, so only they are timed), RUNS times, the order of each pair reversed every other run. Stores outside $OUT (a warm machine keeps them:
-removed first), into $OUT/stores.tar.gz; the table of times last, also as $OUT/ab.md.
+sweep times first, so only they are timed), RUNS times, the order of each pair reversed every other run.
+Stores outside $OUT (a warm machine keeps them: removed first), then into $OUT/stores.tar.gz; the table of
+times last, also as $OUT/ab.md.
 
     OUT=/tmp/out PYTHONPATH=$PWD python results/lut_s22/ab_split.py down:6144 down:1536 gate_up:6144
 
