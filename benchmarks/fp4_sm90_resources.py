@@ -15,7 +15,8 @@ interpreter off. Run it with the Triton the GPU runs (3.6) first on the path, fr
         --maxnreg 0 168
 
 ``--maxnreg`` also compiles each config under ptxas register caps (what Triton's ``maxnreg`` option
-passes): more CTAs an SM against the spills (LDL/STL) they cost.
+passes): more CTAs an SM against the spills (LDL/STL) they cost. Gluon configs compile with the launcher's
+cap (row "launcher") and then each nonzero cap given instead.
 """
 
 from __future__ import annotations
@@ -112,11 +113,14 @@ def main() -> None:
     rows = []
     for text in args.configs:
         config = normalize_config(json.loads(text), args.gemm)
-        if config["IMPL"] == "gluon":  # the Gluon kernel, with the launcher's register cap
+        if config["IMPL"] == "gluon":  # the Gluon kernel with the launcher's register cap, then the others
             from moetune.kernels.fp4_wgmma import compile_for_sm90
 
-            kernel = compile_for_sm90(config, a_div=args.top_k if args.gemm == "gate_up" else 1)
-            rows.append({"config": text, "maxnreg": "launcher", **resources(kernel, config["num_warps"])})
+            for cap in sorted(set(args.maxnreg) | {0}):
+                a_div = args.top_k if args.gemm == "gate_up" else 1
+                kernel = compile_for_sm90(config, a_div=a_div, maxnreg=cap)
+                rows.append({"config": text, "maxnreg": cap or "launcher",
+                             **resources(kernel, config["num_warps"])})
             continue
         for cap in args.maxnreg:
             kernel = compile_config(config, args.top_k if args.gemm == "gate_up" else 1, cap)

@@ -94,8 +94,13 @@ def test_gluon_config_values_are_checked():
     with pytest.raises(ValueError, match="SCALE_RING 1 is a switch of IMPL 'gluon'"):
         normalize_config({"SCALE_RING": 1})
     assert normalize_config({**GLUON, "RING_SPLIT": 1})["RING_SPLIT"] == 1
+    assert normalize_config({**GLUON, "MAXNREG": 96})["MAXNREG"] == 96
     for other, match in (({"RING_SPLIT": 1}, "IMPL 'triton'"), ({**GLUON_SMEM, "RING_SPLIT": 1}, "SWAP_AB 0"),
-                         ({**GLUON, "RING_SPLIT": True}, "RING_SPLIT must be 0 or 1")):
+                         ({**GLUON, "RING_SPLIT": True}, "RING_SPLIT must be 0 or 1"),
+                         ({"MAXNREG": 96}, "MAXNREG 96 is a switch"),
+                         ({**GLUON_SMEM, "MAXNREG": 96}, "SWAP_AB 0"),
+                         ({**GLUON, "MAXNREG": 64}, r"MAXNREG must be one of \(0, 96\)"),
+                         ({**GLUON, "MAXNREG": False}, "MAXNREG must be one of")):
         with pytest.raises(ValueError, match=match):
             normalize_config(other)
     assert normalize_config(GLUON_SMEM)["SWAP_AB"] == 0
@@ -182,20 +187,22 @@ def test_gluon_configs_are_candidates_once_per_tile():
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
               c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
-              c["A_RESIDENT"], c["RING_SPLIT"]) for c in gluon}
+              c["A_RESIDENT"], c["RING_SPLIT"], c["MAXNREG"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
     switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
-    swap = {(1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}  # each with RING_SPLIT 0, 1
-    assert {tuple(c[k] for k in (*switches, "RING_SPLIT")) for c in gluon} == {
-        (0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0), (0, 0, 0, 4, 0, 0), (0, 0, 0, 8, 0, 0),
-        (0, 0, 0, 4, 1, 0), (0, 0, 0, 8, 1, 0), *((*s, split) for s in swap for split in (0, 1))}
+    swap = {(1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}  # with RING_SPLIT, MAXNREG
+    assert {tuple(c[k] for k in (*switches, "RING_SPLIT", "MAXNREG")) for c in gluon} == {
+        (0, 0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0), (0, 0, 0, 4, 0, 0, 0),
+        (0, 0, 0, 8, 0, 0, 0), (0, 0, 0, 4, 1, 0, 0), (0, 0, 0, 8, 1, 0, 0),
+        *((*s, split, cap) for s in swap for split in (0, 1) for cap in (0, 96))}
     assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"] and c["DECODE_WARPS"])
     assert "OUT_DTYPE" not in spec.space  # down's only
     assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
     assert not any(c["MMA_HALVES"] or c["DECODE_WARPS"] or c["A_RESIDENT"] for c in spec.candidates()
                    if c["IMPL"] != "gluon")
     assert all(c["IMPL"] == "gluon" for c in spec.candidates() if c["SCALE_RING"])
-    assert all(c["IMPL"] == "gluon" and c["SWAP_AB"] for c in spec.candidates() if c["RING_SPLIT"])
+    assert all(c["IMPL"] == "gluon" and c["SWAP_AB"] for c in spec.candidates()
+               if c["RING_SPLIT"] or c["MAXNREG"])
 
 
 def test_gluon_refuses_the_interpreter_before_any_launch():
@@ -222,10 +229,13 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1},
                                     {**GLUON, "SCALE_RING": 1, "RING_SPLIT": 1},
                                     {**GLUON, "num_stages": 2, "RING_SPLIT": 1},
-                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1, "RING_SPLIT": 1}],
+                                    {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1, "RING_SPLIT": 1},
+                                    {**GLUON, "BLOCK_SIZE_M": 16, "SCALE_RING": 1, "RING_SPLIT": 1,
+                                     "MAXNREG": 96}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
                               "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16",
-                              "swap-resident", "swap-split", "swap-split-odd", "swap-resident-split"])
+                              "swap-resident", "swap-split", "swap-split-odd", "swap-resident-split",
+                              "swap-split-maxnreg-96"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     """Offline compile (no GPU) with the installed Triton, in a process without TRITON_INTERPRET (the suite's
     interpreter cannot compile Gluon): catches Gluon API drift, and the A operand's layout chain must
@@ -235,13 +245,17 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     import subprocess
     import sys
 
+    from moetune.kernels.fp4_wgmma import _kernel
+
     code = (
         "import json, sys\n"
         "from moetune.kernels.fp4_wgmma import compile_for_sm90\n"
         "cfg = json.loads(sys.argv[1])\n"
         "k = compile_for_sm90(cfg, out_dtype=cfg.get('OUT_DTYPE', 'fp32'))\n"
+        "import re\n"
         "print(json.dumps({'async': 'isAsync = true' in k.asm['ttgir'], "
-        "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared}))\n"
+        "'wgmma': 'wgmma.mma_async' in k.asm['ptx'], 'shared': k.metadata.shared, "
+        "'maxnreg': re.findall(r'\\.maxnreg\\s+(\\d+)', k.asm['ptx'])}))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True,
@@ -249,6 +263,8 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     assert run.returncode == 0, run.stderr[-2000:]
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["async"] and got["wgmma"]
+    cap = _kernel(normalize_config(config, "down"), 6, False, 1024, 4096)[2].get("maxnreg")  # the launch's
+    assert got["maxnreg"] == ([str(cap)] if cap else []) and (cap == 96) == bool(config.get("MAXNREG"))
     ring = config["num_stages"] + 1  # activation and packed-weight chunks, and SWAP_AB 0's decoded pair
     ring += ring % 2 * config.get("RING_SPLIT", 0)  # two halves of an odd ring
     bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
@@ -436,6 +452,16 @@ def test_split_ring_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, 
     ring, split = _outputs_on_gpu([base, {**base, "RING_SPLIT": 1}], e=16, n=n, k=k, tokens=512, top_k=4,
                                   seed=29)
     assert torch.equal(split, ring)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("resident", [0, 1])
+def test_register_cap_gives_the_numbers_of_the_launchers_on_gpu(resident):
+    """MAXNREG 96 (five 4-warp CTAs an SM) with and without RING_SPLIT: the launcher's cap's bits."""
+    base = normalize_config({**GLUON, "BLOCK_SIZE_M": 16, "SCALE_RING": 1, "A_RESIDENT": resident})
+    outs = _outputs_on_gpu([base, *({**base, "RING_SPLIT": split, "MAXNREG": 96} for split in (0, 1))], e=16,
+                           n=4096, k=1024, tokens=512, top_k=4, seed=31)
+    assert all(torch.equal(out, outs[0]) for out in outs[1:])
 
 
 @pytest.mark.gpu

@@ -34,7 +34,9 @@ the copies into the slot the last chunk read), the split rings one with an even 
 with an odd one. Offline (Triton 3.6, sm_90) the down 6144 pick's loop is 388 instructions instead of 394,
 2 barriers a two-chunk trip instead of 6, the BM32 resident kernel's spills 5 / 5 instead of 13 / 11
 (results/fp4_prefill.md, session 22). Bit for bit the one-buffer rings' numbers (a GPU test); its time on
-the H200 not measured yet.
+the H200 not measured yet. ``MAXNREG`` (SWAP_AB 1) replaces the launcher's register cap: at 96 the 16 x 64
+tile with SCALE_RING and three stages holds five CTAs an SM without a spill (offline; the 32-row tile
+spills 66 words).
 
 ``MMA_HALVES`` (SWAP_AB 0): each chunk's product in two N halves, the next chunk's first half queued before
 this one's second half is rescaled; on the H200 faster only with 64-row tiles (gate/up at 37-59 rows an
@@ -988,7 +990,11 @@ _DECODE_REGS = {(4, "fp32"): 136, (4, "bf16"): 120, (8, "fp32"): 72, (8, "bf16")
 def _maxnreg(config) -> dict:
     """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: at 168
     three CTAs an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session
-    16); with SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline)."""
+    16); with SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline). A config's
+    MAXNREG (SWAP_AB 1) instead: 96 gives 4-warp programs five CTAs an SM (the 16 x 64 tile with SCALE_RING
+    and three stages compiles to it without a spill offline; larger ones spill)."""
+    if config.get("MAXNREG"):
+        return {"maxnreg": config["MAXNREG"]}
     if not config.get("SWAP_AB", 1) or config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
         return {}
     return {"maxnreg": 128 if config.get("SCALE_RING") else 168}
@@ -1033,10 +1039,11 @@ def resident_n_tiles(n: int, bn: int) -> int:
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024, n: int = 4096,
-                     out_dtype: str = "fp32"):
+                     out_dtype: str = "fp32", maxnreg: int | None = None):
     """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K and N,
     which only A_RESIDENT specializes on, and the per-route output's dtype, "fp32" or "bf16"), for resource
-    reports and the CPU suite's check of the installed Triton. Not under TRITON_INTERPRET."""
+    reports and the CPU suite's check of the installed Triton; ``maxnreg`` instead of the launcher's register
+    cap. Not under TRITON_INTERPRET."""
     import inspect
 
     import triton
@@ -1044,6 +1051,8 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int =
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
+    if maxnreg:
+        options = {**options, "maxnreg": maxnreg}
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",

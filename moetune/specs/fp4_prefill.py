@@ -39,6 +39,7 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "A_RESIDENT": (0, 1),
     "OUT_DTYPE": ("fp32", "bf16"),
     "RING_SPLIT": (0, 1),
+    "MAXNREG": (0, 96),
 }
 # What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
 # It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
@@ -47,13 +48,14 @@ SWITCHES: dict[str, tuple[str, ...]] = {
 # the MMA warps), and A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
 # consecutive N tiles: DECODE_WARPS' persistent programs over their run of tiles, SWAP_AB 1's over 4), and
 # RING_SPLIT (SWAP_AB 1: each ring as two buffers, even and odd chunks, the weights a chunk ahead: one CTA
-# barrier a chunk instead of three with an even ring, num_stages 1 or 3).
+# barrier a chunk instead of three with an even ring, num_stages 1 or 3) and MAXNREG (SWAP_AB 1: a register
+# cap instead of the launcher's, 0; 96 gives 4-warp programs five CTAs an SM).
 # OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype (bf16 halves the bytes the epilogue stores and
 # the sum over top_k reads; the MoE's error against the reference 0.40% -> 0.56% in the CPU suite's case).
 # Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first moves values across fp8
 # rounding boundaries (2-3% error in the same case).
 # The switches only IMPL "gluon" reads: 0 with IMPL "triton".
-GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT")
+GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT", "MAXNREG")
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config (seed 004's): the baseline every sweep point is timed against.
@@ -62,6 +64,7 @@ DEFAULT: dict[str, Any] = {
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
     "MMA_HALVES": 0, "DECODE_WARPS": 0, "A_RESIDENT": 0, "OUT_DTYPE": "fp32", "RING_SPLIT": 0,
+    "MAXNREG": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -109,8 +112,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT", "RING_SPLIT"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
-    if isinstance(cfg["DECODE_WARPS"], bool):
-        raise ValueError(f"config DECODE_WARPS must be 0, 4 or 8, got {cfg['DECODE_WARPS']!r}")
+    for key in ("DECODE_WARPS", "MAXNREG"):
+        if isinstance(cfg[key], bool):
+            raise ValueError(f"config {key} must be one of {SWITCHES[key]}, got {cfg[key]!r}")
     if cfg["SCALE_AHEAD"] and cfg["DECODE"] == "fp8_scaled":
         raise ValueError("config SCALE_AHEAD 1 needs a whole-chunk decode: DECODE 'fp8_scaled' loads 32-K "
                          "slices")
@@ -138,9 +142,10 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
         raise ValueError(f"config OUT_DTYPE {cfg['OUT_DTYPE']!r} is down's only: gate/up's fp32 rows feed "
                          f"the fp8 quantizer, which a rounding before it would move off the reference")
     swap_gluon = cfg["IMPL"] == "gluon" and cfg["SWAP_AB"] == 1
-    if cfg["RING_SPLIT"] and not swap_gluon:
-        raise ValueError(f"config RING_SPLIT 1 is a switch of IMPL 'gluon' with SWAP_AB 1; got IMPL "
-                         f"{cfg['IMPL']!r}, SWAP_AB {cfg['SWAP_AB']}")
+    for key in ("RING_SPLIT", "MAXNREG"):
+        if cfg[key] and not swap_gluon:
+            raise ValueError(f"config {key} {cfg[key]} is a switch of IMPL 'gluon' with SWAP_AB 1; got IMPL "
+                             f"{cfg['IMPL']!r}, SWAP_AB {cfg['SWAP_AB']}")
     if cfg["A_RESIDENT"] and not (swap_gluon or (cfg["DECODE_WARPS"] and cfg["GROUP_SIZE_M"] == 1)):
         raise ValueError(f"config A_RESIDENT 1 is a switch of IMPL 'gluon' with SWAP_AB 1, or of "
                          f"DECODE_WARPS 4 or 8, which runs an M-block's N tiles in a row: there GROUP_SIZE_M "

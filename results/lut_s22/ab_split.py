@@ -1,9 +1,10 @@
-"""RING_SPLIT against the one-buffer rings, in the sweep's own harness on one machine: for each point, the
-committed table's pick (and at down 6144 its GROUP_SIZE_M 1 and A_RESIDENT twins) with RING_SPLIT 0 and 1,
-measured by `moetune sweep --start` (coordinate, the budget the starts and the shipped default, which a
-sweep times first, so only they are timed), RUNS times, the order of each pair reversed every other run.
-Stores outside $OUT (a warm machine keeps them: removed first), then into $OUT/stores.tar.gz; the table of
-times last, also as $OUT/ab.md.
+"""RING_SPLIT and MAXNREG 96 against the shipped picks, in the sweep's own harness on one machine: for each
+point, the committed table's pick with RING_SPLIT 0 and 1 (and with MAXNREG 96 where the pick is the 16-row
+ring tile; at down 6144 also its GROUP_SIZE_M 1 and A_RESIDENT twins and the 16-row ring tile), measured by
+`moetune sweep --start` (coordinate, the budget the starts and the shipped default, which a sweep times
+first, so only they are timed), RUNS times, every other run in the reverse order. Stores outside $OUT (a
+warm machine keeps them: removed first), then into $OUT/stores.tar.gz; the table of times last, also as
+$OUT/ab.md.
 
     OUT=/tmp/out PYTHONPATH=$PWD python results/lut_s22/ab_split.py down:6144 down:1536 gate_up:6144
 
@@ -16,6 +17,7 @@ import glob
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -27,32 +29,40 @@ TABLES = {"gate_up": "configs/sm_90/fp4_prefill.gate_up/E256_N2048_K4096_topk6.j
 
 
 def starts(gemm: str, routes: int) -> list[dict]:
-    """The table's pick at the point and its twins, each without and with RING_SPLIT."""
+    """The table's pick at the point and its variants (see the module's docstring)."""
     doc = json.loads(Path(TABLES[gemm]).read_text())
     pick = next(e["config"] for e in doc["entries"] if e["tokens"] == routes // 6)
     if pick.get("IMPL") != "gluon" or not pick.get("SWAP_AB"):
         raise SystemExit(f"{gemm} {routes}: the pick is not a Gluon SWAP_AB 1 config: {pick}")
-    twins = [pick]
+    bases = [pick]
     if (gemm, routes) == ("down", 6144):
-        twins += [{**pick, "GROUP_SIZE_M": 1}, {**pick, "A_RESIDENT": 1 - pick["A_RESIDENT"]}]
-    return [{**c, "RING_SPLIT": split} for c in twins for split in (0, 1)]
+        bases += [{**pick, "GROUP_SIZE_M": 1}, {**pick, "A_RESIDENT": 1 - pick["A_RESIDENT"]},
+                  {**pick, "BLOCK_SIZE_M": 16, "A_RESIDENT": 0}]
+    out = []
+    for base in bases:
+        out += [{**base, "RING_SPLIT": 0, "MAXNREG": 0}, {**base, "RING_SPLIT": 1, "MAXNREG": 0}]
+        if base["BLOCK_SIZE_M"] == 16 and not base["A_RESIDENT"]:  # five CTAs an SM without a spill (offline)
+            out += [{**base, "RING_SPLIT": 0, "MAXNREG": 96}, {**base, "RING_SPLIT": 1, "MAXNREG": 96}]
+    return out
 
 
 def label(c: dict) -> str:
-    return f"BM{c['BLOCK_SIZE_M']} G{c['GROUP_SIZE_M']}" + (" resident" if c["A_RESIDENT"] else " ring")
+    return (f"BM{c['BLOCK_SIZE_M']} G{c['GROUP_SIZE_M']} {'resident' if c['A_RESIDENT'] else 'ring'}"
+            f" split{c.get('RING_SPLIT', 0)}" + (f" r{c['MAXNREG']}" if c.get("MAXNREG") else ""))
 
 
 def main(points: list[str]) -> None:
     out = Path(os.environ["OUT"])
     for old in glob.glob("/root/s22_*.sqlite*"):
         os.remove(old)
-    rows, dbs = [], []
+    times: dict[tuple, dict[int, float | str]] = {}
+    dbs = []
     for run in range(1, RUNS + 1):
         for point in points:
             gemm, routes = point.split(":")
             configs = starts(gemm, int(routes))
-            if run % 2 == 0:  # each pair the other way round
-                configs = [c for i in range(0, len(configs), 2) for c in (configs[i + 1], configs[i])]
+            if run % 2 == 0:
+                configs.reverse()
             start = Path(f"/root/s22_start_{gemm}_{routes}_{run}.json")
             start.write_text(json.dumps(configs))
             db = f"/root/s22_{gemm}_{routes}_{run}.sqlite"
@@ -69,21 +79,21 @@ def main(points: list[str]) -> None:
             for t, c, status in con.execute("select time_ms, config, status from measurements"):
                 c = json.loads(c)
                 if c.get("IMPL") == "gluon":
-                    rows.append((gemm, int(routes), label(c), run, c.get("RING_SPLIT", 0), status, t))
+                    times.setdefault((gemm, int(routes), label(c)), {})[run] = t if status == "ok" else status
             con.close()
             dbs.append(db)
     with tarfile.open(out / "stores.tar.gz", "w:gz") as tar:
         for db in dbs:
             tar.add(db, arcname=Path(db).name)
-    lines = ["| GEMM | routes | config | run | RING_SPLIT 0 ms | RING_SPLIT 1 ms | 1 / 0 |",
-             "|---|---:|---|---:|---:|---:|---:|"]
-    keys = sorted({r[:4] for r in rows})
-    for key in keys:
-        got = {r[4]: (r[6] if r[5] == "ok" else r[5]) for r in rows if r[:4] == key}
-        a, b = got.get(0), got.get(1)
-        ratio = f"{b / a:.3f}" if isinstance(a, float) and isinstance(b, float) else ""
-        fmt = [f"{v:.4f}" if isinstance(v, float) else str(v) for v in (a, b)]
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {key[3]} | {fmt[0]} | {fmt[1]} | {ratio} |")
+    runs = range(1, RUNS + 1)
+    lines = ["| GEMM | routes | config | " + " | ".join(f"run {r} ms" for r in runs) + " | mean ms |",
+             "|---|---:|---|" + "---:|" * (RUNS + 1)]
+    for (gemm, routes, name), got in sorted(times.items()):
+        cells = [got.get(r, "-") for r in runs]
+        ok = [v for v in cells if isinstance(v, float)]
+        mean = f"{statistics.mean(ok):.4f}" if len(ok) == RUNS else ""
+        text = " | ".join(f"{v:.4f}" if isinstance(v, float) else str(v) for v in cells)
+        lines.append(f"| {gemm} | {routes} | {name} | {text} | {mean} |")
     (out / "ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 22 (for the next session with device time), call 3, only if calls 1-2 show RING_SPLIT faster:
-# coordinate sweeps from each table pick with RING_SPLIT 1 (so the tuner can move the tile around the new
-# loop: stages, BLOCK_SIZE_N, GROUP_SIZE_M, A_RESIDENT), at the SWAP_AB 1 band's route counts of down
-# (default 1536,3072,6144) and gate/up ($GU_ROUTES, default 1536,6144). The store lands in $OUT; pool it
-# into the tables as any sweep's: results/h200_tables/ + benchmarks/export_tables.sh.
+# Session 22 (for the next session with device time), call 3, only if calls 1-2 show RING_SPLIT or MAXNREG 96
+# faster: coordinate sweeps from each table pick with RING_SPLIT 1 (and the 16-row ring tile's MAXNREG 96
+# variants), so the tuner can move the tile around the new loop (stages, BLOCK_SIZE_N, GROUP_SIZE_M,
+# A_RESIDENT), at the SWAP_AB 1 band's route counts of down ($DOWN_ROUTES, default 1536,3072,6144) and gate/up
+# ($GU_ROUTES, default 1536,6144). The store lands in $OUT; pool it into the tables as any sweep's:
+# results/h200_tables/ + benchmarks/export_tables.sh.
 #   OUT=/tmp/out bash results/lut_s22/call3.sh      (~8 minutes on one H200 with the defaults)
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
