@@ -6,7 +6,7 @@
 #
 # Each extra store is offered to all three families; `moetune export` takes only the rows of the family
 # it exports. The lists are the union of the export commands in results/h200_tables/README.md (sessions
-# 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 and 20), so a store added there belongs here too. Run from the repository root.
+# 6, 7, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 23), so a store added there belongs here too. Run from the repository root.
 set -eu
 H=results/h200_tables
 fp8=(
@@ -86,6 +86,9 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_coord6144_s20.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_swap_resident_s20.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp2_coord6144b_s20.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_split_s23.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_split2_s23.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp2_split_band_s23.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 

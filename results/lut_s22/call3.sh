@@ -20,7 +20,7 @@ g, routes = sys.argv[1], sys.argv[2].split(",")
 picks = [c for r in routes for c in starts(g, int(r)) if c["RING_SPLIT"]]
 print(json.dumps(list({json.dumps(c, sort_keys=True): c for c in picks}.values())))
 PY
-  timeout 280 python -m moetune sweep --db $DB --budget ${BUDGET:-12} --time-limit 260 --quiet \
+  timeout 270 python -m moetune sweep --db $DB --budget ${BUDGET:-12} --time-limit ${TIME_LIMIT:-240} --quiet \
     -m deepseek-v4-flash --tp 2 -k fp4_prefill.$g --routes "$routes" --strategy coordinate \
     --start /root/s22_split_starts_$g.json 2>&1 | tail -40 > "$OUT/polish_$g.log"
 done
