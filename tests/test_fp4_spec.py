@@ -66,15 +66,40 @@ def test_heuristic_tracks_density():
             spec.check_config(p)
 
 
-def test_hopper_heuristic_follows_the_h200_winners():
-    """sm_90: the M tile grows with rows per expert; fp8 decode swapped, by lut, up to 32 rows; lut with
-    SCALE_AHEAD and 8 warps at 96 rows; halves, or asm16 for gate/up at 48 rows, elsewhere."""
+def test_hopper_heuristic_runs_gluon_where_the_shape_lets_it():
+    """sm_90 shapes with K a multiple of 256: the Gluon tables' tiles up to 192 rows per expert (the SWAP_AB 1
+    ring with RING_SPLIT up to 32 rows, SWAP_AB 0 above), the Triton ladder beyond; down's resident tile only
+    where its activations fit (K 1024, not 2048)."""
     m = get_model("deepseek-v4-flash")
     densities = (3, 6, 12, 24, 48, 96, 192, 384)
     for op in OPS:
         spec = get_spec(op)
-        shape = spec.shape_from_model(m, tp=2)
+        for tp in (2, 1):
+            shape = spec.shape_from_model(m, tp=tp)
+            picks = [spec.heuristic(shape, 256 * d, "sm_90") for d in densities]
+            assert [p["IMPL"] for p in picks] == ["gluon"] * 7 + ["triton"], (op, tp)
+            assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 16, 16, 32, 64, 128, 128, 128]
+            assert all(p["SWAP_AB"] == 1 and p["RING_SPLIT"] == 1 and p["SCALE_RING"] == 1 for p in picks[:4])
+            assert all(p["SWAP_AB"] == 0 for p in picks[4:])
+            assert all(p["DECODE_WARPS"] == 4 for p in picks[5:7])
+            resident = op.endswith("down") and tp == 2  # K 1024: 128 KiB of activations; 2048 needs 256
+            assert [p["A_RESIDENT"] for p in picks[5:7]] == [int(resident)] * 2, (op, tp)
+            for d, p in zip(densities, picks, strict=True):
+                prob = spec.problem(shape, tokens=256 * d // 6)
+                assert spec.constraint(p, prob, H200) is None, (op, tp, d, p)
+                spec.check_config(p)
+
+
+def test_hopper_heuristic_follows_the_h200_winners():
+    """sm_90 shapes Gluon cannot run (K not a multiple of 256): the M tile grows with rows per expert; fp8
+    decode swapped, by lut, up to 32 rows; lut with SCALE_AHEAD and 8 warps at 96 rows; halves, or asm16 for
+    gate/up at 48 rows, elsewhere."""
+    densities = (3, 6, 12, 24, 48, 96, 192, 384)
+    for op in OPS:
+        spec = get_spec(op)
+        shape = {"E": 256, "N": 2048, "K": 3968, "top_k": 6}
         picks = [spec.heuristic(shape, 256 * d, "sm_90") for d in densities]
+        assert all(p["IMPL"] == "triton" for p in picks)
         assert [p["BLOCK_SIZE_M"] for p in picks] == [16, 16, 16, 32, 64, 128, 128, 128]
         assert all((p["DECODE"], p["UNPACK"], p["SWAP_AB"]) == ("fp8", "halves", 0) for p in picks[6:])
         assert (picks[5]["UNPACK"], picks[5]["SCALE_AHEAD"], picks[5]["num_warps"]) == ("lut", 1, 8)

@@ -292,6 +292,45 @@ def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: 
     return None
 
 
+def _g(bm: int, bn: int, w: int, st: int, g: int, swap: int, **switches: int | str) -> dict:
+    return dict(_t(bm, bn, 128, w, st, g, "fp8_row", "lut", swap), IMPL="gluon", **switches)
+
+
+# sm_90 Gluon winners per rows-per-expert band: the DeepSeek-V4-Flash TP=2 tables' picks on the H200 after
+# session 23 (results/fp4_prefill.md; 33 of their 34 entries up to 33 rows the SWAP_AB 1 ring with RING_SPLIT,
+# SWAP_AB 0 tiles of 64 rows to 59, the warp-specialized 128-row tile to 192). Left to the sweep: the variants
+# measured faster on one K only, MAXNREG 96 (down's K 1024; slower at gate/up's 4096) and the 16-row resident
+# tile (1-3%, down at 10-12 rows). Down above 64 rows takes the tables' resident tile with bf16 rows where its
+# activations fit, else the same without residency. Comments: session 23's bench, the table's pick against
+# the Triton rung below at that density (ms; at 48 rows the tables' sweep time).
+_HOPPER_GLUON: dict[str, tuple[tuple[float, tuple[dict, ...]], ...]] = {
+    "gate_up": (
+        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.406 against 0.510 at 6 rows
+        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.477 against 0.711 at 24
+        (64, (_g(64, 128, 4, 3, 8, 0, MMA_HALVES=1),)),               # 0.726 at 48
+        (192, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),           # 0.995 against 1.281 at 96
+    ),
+    "down": (
+        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.211 (MAXNREG 96) against 0.258 at 6
+        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.262 against 0.303 at 24
+        (64, (_g(64, 128, 4, 3, 8, 0, SCALE_RING=1),)),               # 0.358 at 48
+        (192, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),  # 0.508 / 0.70 at 96
+               _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),
+    ),
+}
+# what every sm_90 part lets one program opt in to (H100 and H200 alike): the heuristic sees the arch only
+_SM90_SMEM = 227 * 1024
+
+
+def _hopper_gluon_pick(gemm: str, density: float, shape: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The band's first Gluon tile the shape lets run (K a multiple of 256, N of the N tile, resident
+    activations within shared memory), or None."""
+    sm90 = DeviceInfo("sm_90 (heuristic)", "sm_90", 0, _SM90_SMEM, 0, True)
+    cfgs = next((cfgs for top, cfgs in _HOPPER_GLUON[gemm] if density <= top), ())
+    return next((dict(c) for c in cfgs if _gluon_constraint(normalize_config(c, gemm), shape, sm90) is None),
+                None)
+
+
 def _hopper_pick(gemm: str, density: float) -> dict[str, Any]:
     return dict(next(cfg for top, cfg in _HOPPER[gemm] if density <= top))
 
@@ -423,6 +462,9 @@ class Fp4PrefillSpec(KernelSpec):
         if m is None:
             return dict(self.default)
         if int(m.group(1)) >= 90:
+            gluon = _hopper_gluon_pick(self.gemm, density, shape)
+            if gluon is not None:
+                return {**self.default, **gluon}
             return _fit(dict(self.default, **_hopper_pick(self.gemm, density)), shape)
         # Seed 004's rule, measured on sm_89: the M tile tracks rows per expert, wide K tiles.
         bm = 16 if density <= 16 else 32 if density <= 48 else 128
