@@ -298,24 +298,25 @@ def _g(bm: int, bn: int, w: int, st: int, g: int, swap: int, **switches: int | s
 
 # sm_90 Gluon winners per rows-per-expert band: the DeepSeek-V4-Flash TP=2 tables' picks on the H200 after
 # session 23 (results/fp4_prefill.md; 33 of their 34 entries up to 33 rows the SWAP_AB 1 ring with RING_SPLIT,
-# SWAP_AB 0 tiles of 64 rows to 59, the warp-specialized 128-row tile to 192). Left to the sweep: the variants
-# measured faster on one K only, MAXNREG 96 (down's K 1024; slower at gate/up's 4096) and the 16-row resident
-# tile (1-3%, down at 10-12 rows). Down above 64 rows takes the tables' resident tile with bf16 rows where its
-# activations fit, else the same without residency. Comments: session 23's bench, the table's pick against
-# the Triton rung below at that density (ms; at 48 rows the tables' sweep time).
+# SWAP_AB 0 tiles of 64 rows to 59, the warp-specialized 128-row tile above, also at 288-384 rows, where the
+# tables held Triton tiles until session 23 swept Gluon there: 1.72 against 2.70 ms for down at 384). Left to
+# the sweep: the variants measured faster on one K only, MAXNREG 96 (down's K 1024; slower at gate/up's 4096)
+# and the 16-row resident tile (1-3%, down at 10-12 rows). Down above 64 rows takes the tables' resident tile
+# with bf16 rows where its activations fit, else the same without residency. Comments: session 23's bench,
+# the table's pick against the Triton rung below at that density (ms; at 48 rows the tables' sweep time).
 _HOPPER_GLUON: dict[str, tuple[tuple[float, tuple[dict, ...]], ...]] = {
     "gate_up": (
         (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.406 against 0.510 at 6 rows
         (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.477 against 0.711 at 24
         (64, (_g(64, 128, 4, 3, 8, 0, MMA_HALVES=1),)),               # 0.726 at 48
-        (192, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),           # 0.995 against 1.281 at 96
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),      # 0.995 against 1.281 at 96
     ),
     "down": (
         (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.211 (MAXNREG 96) against 0.258 at 6
         (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.262 against 0.303 at 24
         (64, (_g(64, 128, 4, 3, 8, 0, SCALE_RING=1),)),               # 0.358 at 48
-        (192, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),  # 0.508 / 0.70 at 96
-               _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),  # 0.508 / 0.70
+                    _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),                 # at 96 rows
     ),
 }
 # what every sm_90 part lets one program opt in to (H100 and H200 alike): the heuristic sees the arch only
