@@ -91,6 +91,7 @@ fp4=(
   $H/fp4_prefill_deepseek-v4-flash_tp2_split_band_s23.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_tp1_gluon_s23.sqlite.gz
   $H/fp4_prefill_deepseek-v4-flash_dense_gluon_s23.sqlite.gz
+  $H/fp4_prefill_deepseek-v4-flash_tp1_cross_s23.sqlite.gz
 )
 gather=($H/fp8_decode_dsv3-tp1_qwen3-tp4-tp1_gather_s6.sqlite.gz)
 
