@@ -1,9 +1,10 @@
 """The whole FP4 prefill MoE (``fp4_prefill_moe``: activation quantization, alignment, gate/up GEMM, swiglu
-and its quantization, down GEMM, the sum over top_k) timed end to end with the tables' picks, and its last
-step alone: ``moe_sum`` against what it replaced (zeroing the fp32 per-route buffer the down GEMM writes,
-``view(m, top_k, h).sum(1)``, the cast). DeepSeek-V4-Flash at TP 2 (E 256, hidden 4096, 1024 intermediate
-a rank, top_k 6), uniform routing; CUDA-graph timings (``triton.testing.do_bench_cudagraph``). Writes e2e.json
-under --out, prints a table last.
+and its quantization, down GEMM, the sum over top_k) timed end to end with the tables' picks, and two steps
+alone against what they replaced: ``moe_sum`` (zeroing the fp32 per-route buffer the down GEMM writes,
+``view(m, top_k, h).sum(1)``, the cast) and the input's quantizer ``act_quant`` (torch's
+``quantize_fp8_act``, both writing the Gluon K order). DeepSeek-V4-Flash at TP 2 (E 256, hidden 4096, 1024
+intermediate a rank, top_k 6), uniform routing; CUDA-graph timings (``triton.testing.do_bench_cudagraph``).
+Writes e2e.json under --out, prints a table last.
 
     PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576 [--profile]
 
@@ -23,8 +24,10 @@ E, H, INTER, TOP_K = 256, 4096, 1024, 6
 
 
 def point(routes: int, w13, w2) -> dict:
+    from moetune.kernels.fp4_act import act_quant
     from moetune.kernels.fp4_prefill import fp4_prefill_moe
     from moetune.kernels.moe_sum import moe_sum
+    from moetune.quant import quantize_fp8_act
     from moetune.routing import make_routes
 
     m = routes // TOP_K
@@ -44,7 +47,9 @@ def point(routes: int, w13, w2) -> dict:
         moe_ms, mode = triton.testing.do_bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids)), "do_bench"
     return {"routes": routes, "moe_ms": moe_ms, "moe_timing": mode,
             "sum_replaced_ms": bench(replaced),
-            "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16))}
+            "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16)),
+            "quant_torch_ms": bench(lambda: quantize_fp8_act(x, k_order="wgmma")),
+            "act_quant_ms": bench(lambda: act_quant(x, k_order="wgmma"))}
 
 
 def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
@@ -89,9 +94,11 @@ def main() -> None:
             print(table, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "e2e.json").write_text(json.dumps(rows, indent=1))
-    print("| routes | fp4_prefill_moe ms | zeros + sum + cast ms | moe_sum ms |\n|---:|---:|---:|---:|")
+    print("| routes | fp4_prefill_moe ms | zeros + sum + cast ms | moe_sum ms | quantize_fp8_act ms "
+          "| act_quant ms |\n|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['routes']} | {r['moe_ms']:.4f} | {r['sum_replaced_ms']:.4f} | {r['moe_sum_ms']:.4f} |")
+        print(f"| {r['routes']} | {r['moe_ms']:.4f} | {r['sum_replaced_ms']:.4f} | {r['moe_sum_ms']:.4f} "
+              f"| {r['quant_torch_ms']:.4f} | {r['act_quant_ms']:.4f} |")
 
 
 if __name__ == "__main__":

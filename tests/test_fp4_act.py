@@ -1,10 +1,11 @@
-"""The fused swiglu + routing weight + FP8 quantization between the FP4 prefill GEMMs."""
+"""The FP8 activation quantizers of the FP4 prefill path: the input's, and the fused swiglu + routing
+weight + FP8 quantization between the GEMMs."""
 
 import pytest
 import torch
 
 from moetune.activations import gated_activation
-from moetune.kernels.fp4_act import swiglu_quant
+from moetune.kernels.fp4_act import act_quant, swiglu_quant
 from moetune.quant import quantize_fp8_act
 
 
@@ -32,3 +33,41 @@ def test_matches_torch_quantization_bit_for_bit(inter, limit, device):
 def test_zero_routes():
     q, s = swiglu_quant(torch.empty(0, 256), torch.empty(0), torch.empty(0, dtype=torch.int32), None)
     assert q.shape == (0, 128) and s.shape == (0, 1)
+
+
+@pytest.mark.parametrize("k, group, k_order, dtype, strided", [
+    (160, 128, "real", torch.bfloat16, False),  # a partial last group
+    (384, 128, "wgmma", torch.float32, False),
+    (96, 32, "real", torch.float16, True),
+    (256, 128, "wgmma", torch.bfloat16, True),
+])
+def test_act_quant_is_the_torch_quantizer_bit_for_bit(k, group, k_order, dtype, strided, device):
+    g = torch.Generator().manual_seed(k + group)
+    rows = 7
+    # magnitudes over many binades (ties, e4m3 subnormals, the 1e-4 amax floor), one row all zero
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-9, 3, rows)[:, None]
+    x[3] = 0.0
+    x = x.to(dtype).to(device)
+    if strided:  # every other column of a wider buffer, and a column-major copy
+        wide = torch.zeros(rows, 2 * k, dtype=dtype, device=device)
+        wide[:, ::2] = x
+        x = wide[:, ::2] if k_order == "real" else x.t().contiguous().t()
+        assert not x.is_contiguous()
+    q, s = act_quant(x, group, k_order=k_order)
+    q_ref, s_ref = quantize_fp8_act(x, group, k_order=k_order)
+    assert q.shape == q_ref.shape and s.shape == s_ref.shape == (rows, -(-k // group))
+    assert torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_act_quant_empty_and_bad_input():
+    q, s = act_quant(torch.empty(0, 256))
+    assert q.shape == (0, 256) and s.shape == (0, 2)
+    for kwargs, match in (({"group": 96}, "group"), ({"k_order": "wgmma", "group": 64}, "k_order"),
+                          ({"k_order": "tiled"}, "k_order")):
+        with pytest.raises(ValueError, match=match):
+            act_quant(torch.zeros(2, 256), **kwargs)
+    with pytest.raises(ValueError, match="K"):
+        act_quant(torch.zeros(2, 160), k_order="wgmma")
+    with pytest.raises(ValueError, match="x"):
+        act_quant(torch.zeros(2, 256, dtype=torch.int32))

@@ -1,10 +1,11 @@
-"""The step between the FP4 prefill GEMMs, fused: swiglu, routing weight, FP8 quantization.
+"""The FP8 activation quantizers of the FP4 prefill path: the input's (``act_quant``) and, fused, the step
+between the GEMMs: swiglu, routing weight, FP8 quantization (``swiglu_quant``).
 
-One program per (route, 128-wide group of the intermediate): ``h = silu(min(gate, limit)) *
-clamp(up, -limit, limit) * weight`` in fp32, then ``q = h / scale`` in e4m3 with the power-of-two
-``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the
-exponent taken from the fp32 bits so no log is rounded). Inactive routes return before
-reading anything; their rows are never read by the down GEMM.
+One program per (row, group): for ``swiglu_quant`` ``h = silu(min(gate, limit)) * clamp(up, -limit, limit) *
+weight`` in fp32, for ``act_quant`` the input row; then ``q = h / scale`` in e4m3 with the power-of-two
+``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the exponent taken from
+the fp32 bits so no log is rounded). Inactive routes return before reading anything; their rows are never
+read by the down GEMM.
 """
 
 from __future__ import annotations
@@ -31,6 +32,27 @@ def _round_to_e4m3(v):
 
 
 @triton.jit
+def _quant_group_store(h, offs, ok, g, q_row, s_row, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+                       WGMMA_ORDER: tl.constexpr):
+    """Quantize one fp32 group ``h`` (masked lanes 0) to e4m3 with its power-of-two scale; store both."""
+    amax = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-4) / 448.0
+    bits = amax.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # exponent field of the scale
+    scale = (e << 23).to(tl.float32, bitcast=True)
+    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / scale, exact
+    v = tl.minimum(tl.maximum(h * inv, -448.0), 448.0)
+    if ROUND_FIRST:
+        v = _round_to_e4m3(v)
+    q = v.to(tl.float8e4nv)
+    dst = offs
+    if WGMMA_ORDER:  # real 32q + 8b + 4h + i of the group at 32b + 16h + 4q + i (to_wgmma_k_order)
+        j = tl.arange(0, GROUP)
+        dst = g * GROUP + ((j >> 3) & 3) * 32 + ((j >> 2) & 1) * 16 + (j >> 5) * 4 + (j & 3)
+    tl.store(q_row + dst, q, mask=ok)
+    tl.store(s_row + g, scale)
+
+
+@triton.jit
 def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, stride_gu, stride_q, stride_s,
                          HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
                          WGMMA_ORDER: tl.constexpr):
@@ -46,21 +68,50 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, str
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
     h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)
-    amax = tl.maximum(tl.max(tl.abs(h), axis=0), 1e-4) / 448.0
-    bits = amax.to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # exponent field of the scale
-    scale = (e << 23).to(tl.float32, bitcast=True)
-    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1 / scale, exact
-    v = tl.minimum(tl.maximum(h * inv, -448.0), 448.0)
-    if ROUND_FIRST:
-        v = _round_to_e4m3(v)
-    q = v.to(tl.float8e4nv)
-    dst = offs
-    if WGMMA_ORDER:  # real 32q + 8b + 4h + i of the group at 32b + 16h + 4q + i (to_wgmma_k_order)
-        j = tl.arange(0, GROUP)
-        dst = g * GROUP + ((j >> 3) & 3) * 32 + ((j >> 2) & 1) * 16 + (j >> 5) * 4 + (j & 3)
-    tl.store(q_ptr + r * stride_q + dst, q, mask=ok)
-    tl.store(s_ptr + r * stride_s + g, scale)
+    _quant_group_store(h, offs, ok, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP, ROUND_FIRST,
+                       WGMMA_ORDER)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, k, stride_xm, stride_xk, stride_q, stride_s, GROUP: tl.constexpr,
+                      ROUND_FIRST: tl.constexpr, WGMMA_ORDER: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    offs = g * GROUP + tl.arange(0, GROUP)
+    ok = offs < k
+    x = tl.load(x_ptr + r * stride_xm + offs * stride_xk, mask=ok, other=0.0).to(tl.float32)
+    _quant_group_store(x, offs, ok, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP, ROUND_FIRST,
+                       WGMMA_ORDER)
+
+
+def _check_order(k_order: str, group: int, k: int, what: str) -> None:
+    if k_order not in ("real", "wgmma"):
+        raise ValueError(f"k_order must be 'real' or 'wgmma', got {k_order!r}")
+    if k_order == "wgmma" and (group != 128 or k % 128):
+        raise ValueError(f"k_order 'wgmma' permutes within 128-wide groups: needs group 128 and the "
+                         f"{what} a multiple of 128, got group {group}, {what} {k}")
+
+
+def act_quant(x: torch.Tensor, group: int = 128, *,
+              k_order: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`moetune.quant.quantize_fp8_act` in one launch, bit for bit: ``x [M, K]`` (any float dtype and
+    strides) -> ``(q e4m3 [M, K], scales fp32 [M, ceil(K / group)])``; ``k_order="wgmma"`` stores ``q`` in
+    the Gluon GEMM's K order. The torch version makes several fp32 passes over ``x``; this reads it once."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2:
+        raise ValueError(f"x must be a 2-D floating-point tensor, got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
+    if group < 1 or group & (group - 1):
+        raise ValueError(f"group must be a power of two, got {group}")
+    m, k = x.shape
+    _check_order(k_order, group, k, "K")
+    groups = triton.cdiv(k, group)
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    if m and k:
+        _act_quant_kernel[(m, groups)](x, q, s, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
+                                       GROUP=group, ROUND_FIRST=interpreter_active(),
+                                       WGMMA_ORDER=k_order == "wgmma")
+    return q, s
 
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
@@ -70,11 +121,7 @@ def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (I % 128 == 0, group 128)."""
     routes, two_i = gate_up.shape
     inter = two_i // 2
-    if k_order not in ("real", "wgmma"):
-        raise ValueError(f"k_order must be 'real' or 'wgmma', got {k_order!r}")
-    if k_order == "wgmma" and (group != 128 or inter % 128):
-        raise ValueError(f"k_order 'wgmma' permutes within 128-wide groups: needs group 128 and the "
-                         f"intermediate a multiple of 128, got group {group}, intermediate {inter}")
+    _check_order(k_order, group, inter, "intermediate")
     groups = triton.cdiv(inter, group)
     q = torch.empty(routes, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
     s = torch.empty(routes, groups, dtype=torch.float32, device=gate_up.device)

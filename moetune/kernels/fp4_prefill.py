@@ -21,7 +21,7 @@ from ..quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from ..quant.mxfp4 import dequantize_mxfp4
 from ..specs.fp4_prefill import GEMMS, normalize_config
 from . import fp4_gemm
-from .fp4_act import swiglu_quant
+from .fp4_act import act_quant, swiglu_quant
 from .moe_align import Alignment, align_routes
 from .moe_sum import moe_sum
 
@@ -185,7 +185,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
         for gemm, a_k, w in (("gate_up", h, w13_packed), ("down", inter, w2_packed)):
             if order[gemm] == "wgmma":
                 fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
-    xq, xs = quantize_fp8_act(x, k_order=order["gate_up"])
+    xq, xs = act_quant(x, k_order=order["gate_up"])
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
