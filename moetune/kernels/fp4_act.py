@@ -79,7 +79,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, k, stride_xm, stride_xk, stride_q, st
     g = tl.program_id(1)
     offs = g * GROUP + tl.arange(0, GROUP)
     ok = offs < k
-    x = tl.load(x_ptr + r * stride_xm + offs * stride_xk, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + r * stride_xm + offs.to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
     _quant_group_store(x, offs, ok, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP, ROUND_FIRST,
                        WGMMA_ORDER)
 
