@@ -67,7 +67,41 @@ def test_act_quant_empty_and_bad_input():
                           ({"k_order": "tiled"}, "k_order")):
         with pytest.raises(ValueError, match=match):
             act_quant(torch.zeros(2, 256), **kwargs)
-    with pytest.raises(ValueError, match="K"):
+    with pytest.raises(ValueError, match="width a multiple of 128"):
         act_quant(torch.zeros(2, 160), k_order="wgmma")
+    with pytest.raises(ValueError, match="width"):
+        act_quant(torch.zeros(2, 160), width=128)
     with pytest.raises(ValueError, match="x"):
         act_quant(torch.zeros(2, 256, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("k_order", ["real", "wgmma"])
+def test_padded_widths_are_the_zero_padded_rows_quantized(k_order, device):
+    """``width`` past K (weights zero-padded along K): both quantizers write the zero-padded rows' numbers."""
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(5, 160, generator=g) * 3).to(device)
+    q, s = act_quant(x, k_order=k_order, width=384)
+    q_ref, s_ref = quantize_fp8_act(torch.nn.functional.pad(x, (0, 224)), k_order=k_order)
+    assert q.shape == (5, 384) and torch.equal(s, s_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+    gu = torch.randn(4, 2 * 160, generator=g).to(device)
+    w = torch.rand(4, generator=g).to(device)
+    ids = torch.tensor([0, -1, 2, 1], dtype=torch.int32, device=device)
+    q, s = swiglu_quant(gu, w, ids, None, k_order=k_order, width=256)
+    q_real, s_real = swiglu_quant(gu, w, ids, None)
+    act = ids >= 0
+    assert q.shape == (4, 256) and s.shape == (4, 2)
+    assert torch.equal(s[act], s_real[act])
+    unpermuted = (q[act] if k_order == "real" else _from_wgmma(q[act])).view(torch.uint8)
+    assert torch.equal(unpermuted[:, :160], q_real[act].view(torch.uint8))
+    assert (unpermuted[:, 160:] == 0).all()
+    with pytest.raises(ValueError, match="width"):
+        swiglu_quant(gu, w, ids, None, width=100)
+
+
+def _from_wgmma(q):
+    """The inverse of ``to_wgmma_k_order`` (real K order back), as uint8."""
+    rows, k = q.shape
+    u = q.view(torch.uint8).reshape(rows, k // 128, 4, 2, 4, 4)  # [row, chunk, b, h, q, i]
+    return u.permute(0, 1, 4, 2, 3, 5).reshape(rows, k).view(torch.float8_e4m3fn)

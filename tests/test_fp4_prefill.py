@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
-from moetune.quant import quantize_mxfp4
+from moetune.quant import pad_mxfp4_k, quantize_mxfp4
 from moetune.routing import make_routes
 
 
@@ -225,6 +225,8 @@ def test_bad_inputs_name_the_argument():
         "topk_weights": _bad(args, topk_weights=wts[:, :1]),
         "device": _bad(args, w2_scale=w2s.to("meta")),
     }
+    wide_p, wide_s = pad_mxfp4_k(w13p, w13s, 384)  # H 128 padded by 256: a wrong x, not a padding
+    cases["w13_packed must be .* by under 256"] = _bad(args, w13_packed=wide_p, w13_scale=wide_s)
     for what, bad in cases.items():
         with pytest.raises(ValueError, match=what):
             fp4_prefill_moe(*bad, config={"gate_up": {}, "down": {}})
@@ -282,3 +284,33 @@ def test_rebased_decodes_with_widely_spread_scales(decode, device):
     cfg = _cfg(16, 64, 128, decode)
     out = fp4_prefill_moe(*args, config={"gate_up": cfg, "down": cfg})
     assert _rel(out, fp4_prefill_moe_reference(*args)) < 1e-2
+
+
+@pytest.mark.parametrize("gate_up, down", [
+    (_cfg(16, 64, 64, "fp8", "lut"), _cfg(32, 64, 64, "fp8_row", "lut", SWAP_AB=1)),
+    (_cfg(32, 64, 128, "fp8_row", "halves", SWAP_AB=1), _cfg(16, 32, 32, "bf16")),
+])
+def test_weights_zero_padded_along_k_give_the_same_output(gate_up, down, device):
+    """H 160 and I 96 padded to 256 and 128 (pad_mxfp4_k): the activations are quantized to the padded
+    widths, so the output is the unpadded one (equal, since every added product is an exact zero)."""
+    x, w13p, w13s, w2p, w2s, wts, ids = args = _problem(m=20, h=160, i=96, e=4, top_k=2, device=device)
+    padded = (x, *pad_mxfp4_k(w13p, w13s, 256), *pad_mxfp4_k(w2p, w2s, 128), wts, ids)
+    config = {"gate_up": gate_up, "down": down}
+    out = fp4_prefill_moe(*padded, config=config)
+    assert torch.equal(out, fp4_prefill_moe(*args, config=config))
+    assert torch.equal(fp4_prefill_moe_reference(*padded), fp4_prefill_moe_reference(*args))
+    assert _rel(out, fp4_prefill_moe_reference(*args)) < 1e-2
+
+
+def test_pad_mxfp4_k_appends_zero_codes():
+    g = torch.Generator().manual_seed(3)
+    packed, scale = quantize_mxfp4(torch.randn(2, 8, 160, generator=g))
+    pp, ps = pad_mxfp4_k(packed, scale, 256)
+    assert pp.shape == (2, 8, 128) and ps.shape == (2, 8, 8)
+    assert torch.equal(pp[..., :80], packed) and (pp[..., 80:] == 0).all()
+    assert torch.equal(ps[..., :5], scale) and (ps[..., 5:] == 127).all()
+    for k in (128, 200, 256.0):
+        with pytest.raises(ValueError, match="k must be"):
+            pad_mxfp4_k(packed, scale, k)
+    with pytest.raises(ValueError, match="does not match"):
+        pad_mxfp4_k(packed, scale[..., :4], 256)

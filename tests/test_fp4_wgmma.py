@@ -306,6 +306,30 @@ def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, sca
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("swap, bm, bn, warps, stages", [(1, 16, 64, 4, 3), (0, 64, 64, 4, 2)])
+def test_gluon_runs_weights_zero_padded_along_k_on_gpu(swap, bm, bn, warps, stages):
+    """H 384 and I 160 (not multiples of 256) with both weight banks zero-padded to 512 and 256 (pad_mxfp4_k):
+    IMPL gluon against the fp32 reference of the unpadded weights."""
+    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.quant import pad_mxfp4_k, quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(9)
+    m, h, i, e = 40, 384, 160, 8
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
+    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
+    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
+           "num_warps": warps, "SCALE_RING": 1}
+    out = fp4_prefill_moe(x, *pad_mxfp4_k(*w13, 512), *pad_mxfp4_k(*w2, 256), wts, ids,
+                          config={"gate_up": cfg, "down": cfg})
+    ref = fp4_prefill_moe_reference(x, *w13, *w2, wts, ids)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
 def test_gluon_reads_either_k_order_on_gpu():
     """grouped_gemm with A in real order (permuted by the launcher) and in the wgmma order (as the producers
     write it) gives the same bits; the pipeline mixes a Gluon gate/up with a Triton down."""

@@ -53,8 +53,8 @@ def _quant_group_store(h, offs, ok, g, q_row, s_row, GROUP: tl.constexpr, ROUND_
 
 
 @triton.jit
-def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, stride_gu, stride_q, stride_s,
-                         HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, width, limit, stride_gu, stride_q,
+                         stride_s, HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
                          WGMMA_ORDER: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -67,21 +67,28 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, limit, str
     if HAS_LIMIT:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)
-    _quant_group_store(h, offs, ok, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP, ROUND_FIRST,
-                       WGMMA_ORDER)
+    h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)  # 0 past inter: silu(0) * 0
+    _quant_group_store(h, offs, offs < width, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP,
+                       ROUND_FIRST, WGMMA_ORDER)
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, k, stride_xm, stride_xk, stride_q, stride_s, GROUP: tl.constexpr,
-                      ROUND_FIRST: tl.constexpr, WGMMA_ORDER: tl.constexpr):
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, k, width, stride_xm, stride_xk, stride_q, stride_s,
+                      GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr, WGMMA_ORDER: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     offs = g * GROUP + tl.arange(0, GROUP)
-    ok = offs < k
-    x = tl.load(x_ptr + r * stride_xm + offs.to(tl.int64) * stride_xk, mask=ok, other=0.0).to(tl.float32)
-    _quant_group_store(x, offs, ok, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP, ROUND_FIRST,
-                       WGMMA_ORDER)
+    x = tl.load(x_ptr + r * stride_xm + offs.to(tl.int64) * stride_xk, mask=offs < k, other=0.0)
+    _quant_group_store(x.to(tl.float32), offs, offs < width, g, q_ptr + r * stride_q, s_ptr + r * stride_s,
+                       GROUP, ROUND_FIRST, WGMMA_ORDER)
+
+
+def _check_width(width: int | None, k: int, what: str) -> int:
+    if width is None:
+        return k
+    if not isinstance(width, int) or width < k:
+        raise ValueError(f"width must be an int >= the {what} ({k}), got {width!r}")
+    return width
 
 
 def _check_order(k_order: str, group: int, k: int, what: str) -> None:
@@ -92,42 +99,48 @@ def _check_order(k_order: str, group: int, k: int, what: str) -> None:
                          f"{what} a multiple of 128, got group {group}, {what} {k}")
 
 
-def act_quant(x: torch.Tensor, group: int = 128, *,
-              k_order: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
+def act_quant(x: torch.Tensor, group: int = 128, *, k_order: str = "real",
+              width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`moetune.quant.quantize_fp8_act` in one launch, bit for bit: ``x [M, K]`` (any float dtype and
-    strides) -> ``(q e4m3 [M, K], scales fp32 [M, ceil(K / group)])``; ``k_order="wgmma"`` stores ``q`` in
-    the Gluon GEMM's K order. The torch version makes several fp32 passes over ``x``; this reads it once."""
+    strides) -> ``(q e4m3 [M, W], scales fp32 [M, ceil(W / group)])``; ``k_order="wgmma"`` stores ``q`` in
+    the Gluon GEMM's K order. ``width`` W >= K (default K) pads with zeros, as for weights zero-padded along
+    K (:func:`moetune.quant.pad_mxfp4_k`). The torch version makes several fp32 passes over ``x``; this reads
+    it once."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.dim() != 2:
         raise ValueError(f"x must be a 2-D floating-point tensor, got "
                          f"{getattr(x, 'dtype', type(x).__name__)} {tuple(getattr(x, 'shape', ()))}")
     if group < 1 or group & (group - 1):
         raise ValueError(f"group must be a power of two, got {group}")
     m, k = x.shape
-    _check_order(k_order, group, k, "K")
-    groups = triton.cdiv(k, group)
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    width = _check_width(width, k, "K")
+    _check_order(k_order, group, width, "width")
+    groups = triton.cdiv(width, group)
+    q = torch.empty(m, width, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
-    if m and k:
-        _act_quant_kernel[(m, groups)](x, q, s, k, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
+    if m and width:
+        _act_quant_kernel[(m, groups)](x, q, s, k, width, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
                                        GROUP=group, ROUND_FIRST=interpreter_active(),
                                        WGMMA_ORDER=k_order == "wgmma")
     return q, s
 
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
-                 group: int = 128, *, k_order: str = "real") -> tuple[torch.Tensor, torch.Tensor]:
+                 group: int = 128, *, k_order: str = "real",
+                 width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``gate_up [R, 2I]`` (fp32 or bf16, math in fp32) and ``weights``, ``ids`` ``[R]`` ->
-    ``(q e4m3 [R, I], scales fp32 [R, ceil(I / group)])``; rows of inactive routes are left unwritten.
-    ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (I % 128 == 0, group 128)."""
+    ``(q e4m3 [R, W], scales fp32 [R, ceil(W / group)])``, W = ``width`` >= I (default I, zeros past I);
+    rows of inactive routes are left unwritten. ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K
+    order (W % 128 == 0, group 128)."""
     routes, two_i = gate_up.shape
     inter = two_i // 2
-    _check_order(k_order, group, inter, "intermediate")
-    groups = triton.cdiv(inter, group)
-    q = torch.empty(routes, inter, dtype=torch.float8_e4m3fn, device=gate_up.device)
+    width = _check_width(width, inter, "intermediate")
+    _check_order(k_order, group, width, "width")
+    groups = triton.cdiv(width, group)
+    q = torch.empty(routes, width, dtype=torch.float8_e4m3fn, device=gate_up.device)
     s = torch.empty(routes, groups, dtype=torch.float32, device=gate_up.device)
-    if routes:
+    if routes and width:
         _swiglu_quant_kernel[(routes, groups)](
-            gate_up, weights, ids, q, s, inter, 0.0 if limit is None else float(limit),
+            gate_up, weights, ids, q, s, inter, width, 0.0 if limit is None else float(limit),
             gate_up.stride(0), q.stride(0), s.stride(0), HAS_LIMIT=limit is not None, GROUP=group,
             ROUND_FIRST=interpreter_active(), WGMMA_ORDER=k_order == "wgmma",
         )

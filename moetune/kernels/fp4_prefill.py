@@ -75,8 +75,10 @@ def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], dim: int) -> tor
     return t
 
 
-def _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids) -> tuple[int, int]:
-    """ValueError naming the argument; returns (experts, intermediate)."""
+def _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
+                  topk_ids) -> tuple[int, int, int, int]:
+    """ValueError naming the argument; returns (experts, intermediate, and the two GEMMs' K: the hidden and
+    intermediate sizes, or what the weights were zero-padded to along K)."""
     _tensor("x", x, _FLOATS, 2)
     for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale),
                     ("w2_packed", w2_packed), ("w2_scale", w2_scale)):
@@ -88,20 +90,23 @@ def _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, t
     m, h = x.shape
     if h % 32:
         raise ValueError(f"x: hidden size {h} must be a multiple of 32 (the MXFP4 scale block)")
-    e, two_i, half_h = w13_packed.shape
-    if half_h * 2 != h:
-        raise ValueError(f"w13_packed must be [E, 2I, H/2] with H/2 = {h // 2}, "
-                         f"got {tuple(w13_packed.shape)}")
+    e, two_i, half_k1 = w13_packed.shape
+    k1 = 2 * half_k1
+    if not h <= k1 < h + 256 or k1 % 32:
+        raise ValueError(f"w13_packed must be [E, 2I, H/2] with H/2 = {h // 2} (or zero-padded along K by "
+                         f"under 256 to a multiple of 32), got {tuple(w13_packed.shape)}")
     if two_i % 2 or (two_i // 2) % 32:
         raise ValueError(f"w13_packed: 2I = {two_i} must be twice a multiple of 32")
     inter = two_i // 2
-    if tuple(w13_scale.shape) != (e, two_i, h // 32):
-        raise ValueError(f"w13_scale must be [{e}, {two_i}, {h // 32}] to match w13_packed, "
+    if tuple(w13_scale.shape) != (e, two_i, k1 // 32):
+        raise ValueError(f"w13_scale must be [{e}, {two_i}, {k1 // 32}] to match w13_packed, "
                          f"got {tuple(w13_scale.shape)}")
-    if tuple(w2_packed.shape) != (e, h, inter // 2):
-        raise ValueError(f"w2_packed must be [{e}, {h}, {inter // 2}], got {tuple(w2_packed.shape)}")
-    if tuple(w2_scale.shape) != (e, h, inter // 32):
-        raise ValueError(f"w2_scale must be [{e}, {h}, {inter // 32}] to match w2_packed, "
+    k2 = 2 * w2_packed.shape[2]
+    if w2_packed.shape[:2] != (e, h) or not inter <= k2 < inter + 256 or k2 % 32:
+        raise ValueError(f"w2_packed must be [{e}, {h}, {inter // 2}] (or zero-padded along K by under 256 "
+                         f"to a multiple of 32), got {tuple(w2_packed.shape)}")
+    if tuple(w2_scale.shape) != (e, h, k2 // 32):
+        raise ValueError(f"w2_scale must be [{e}, {h}, {k2 // 32}] to match w2_packed, "
                          f"got {tuple(w2_scale.shape)}")
     if topk_ids.shape[0] != m or topk_ids.shape[1] < 1:
         raise ValueError(f"topk_ids must be [{m}, top_k], got {tuple(topk_ids.shape)}")
@@ -112,7 +117,7 @@ def _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, t
                     ("w2_scale", w2_scale), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         if t.device != x.device:
             raise ValueError(f"{name} is on {t.device}, x on {x.device}: all inputs must share a device")
-    return e, inter
+    return e, inter, k1, k2
 
 
 def _configs(config: Mapping[str, Any] | None, shapes: dict[str, dict[str, int]],
@@ -157,7 +162,9 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
         x: ``[M, H]`` bf16/fp16/fp32 activations.
         w13_packed, w13_scale: ``[E, 2I, H/2]`` codes and ``[E, 2I, H/32]`` UE8M0 scales
             (gate rows, then up rows).
-        w2_packed, w2_scale: ``[E, H, I/2]`` and ``[E, H, I/32]``.
+        w2_packed, w2_scale: ``[E, H, I/2]`` and ``[E, H, I/32]``. Either pair may be zero-padded along K
+            by under 256 (:func:`moetune.quant.pad_mxfp4_k`, once at load): the activations are quantized to
+            the padded width, so a K that is not a multiple of 256 can run the Gluon kernels.
         topk_weights, topk_ids: ``[M, top_k]``; id -1 marks an inactive route.
         swiglu_limit: optional clamp (gate above, up both sides) before silu(gate) * up.
         config: ``{"gate_up": {...}, "down": {...}}``, each with BLOCK_SIZE_M/N/K,
@@ -165,12 +172,13 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             (and A_LAYOUT for gate/up); a missing GEMM asks the tile picker.
         validate: also check id ranges and scale codes (syncs with the host).
     """
-    experts, inter = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
+    experts, inter, k1, k2 = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
+                                           topk_ids)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k
-    shapes = {"gate_up": {"E": experts, "N": 2 * inter, "K": h, "top_k": top_k},
-              "down": {"E": experts, "N": h, "K": inter, "top_k": top_k}}
+    shapes = {"gate_up": {"E": experts, "N": 2 * inter, "K": k1, "top_k": top_k},
+              "down": {"E": experts, "N": h, "K": k2, "top_k": top_k}}
     cfgs = _configs(config, shapes, routes)
     if validate:
         _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts)
@@ -182,17 +190,17 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     if "wgmma" in order.values():
         from . import fp4_wgmma
 
-        for gemm, a_k, w in (("gate_up", h, w13_packed), ("down", inter, w2_packed)):
+        for gemm, a_k, w in (("gate_up", k1, w13_packed), ("down", k2, w2_packed)):
             if order[gemm] == "wgmma":
                 fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
-    xq, xs = act_quant(x, k_order=order["gate_up"])
+    xq, xs = act_quant(x, k_order=order["gate_up"], width=k1)
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
                  a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
     hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit,
-                          k_order=order["down"])
+                          k_order=order["down"], width=k2)
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
     # inactive routes' rows: never read
@@ -207,8 +215,10 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
                               topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
                               config: Mapping[str, Any] | None = None,
                               validate: bool = False) -> torch.Tensor:
-    """Pure torch, fp32: dequantized weights, the same activation quantization; ``config`` is ignored."""
-    experts, inter = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
+    """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
+    ``config`` is ignored."""
+    experts, inter, _, _ = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
+                                         topk_ids)
     m, h = x.shape
     out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
     if m == 0:
@@ -219,9 +229,9 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
         raise ValueError(f"topk_ids has ids outside [-1, {experts})")
     for e in torch.unique(ids[ids >= 0]).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        gu = xd[tok] @ dequantize_mxfp4(w13_packed[e], w13_scale[e]).T
+        gu = xd[tok] @ dequantize_mxfp4(w13_packed[e], w13_scale[e])[:, :h].T
         act = gated_activation(gu[:, :inter], gu[:, inter:], "silu", swiglu_limit)
         act = act * topk_weights[tok, slot].float().unsqueeze(1)
         hd = dequantize_fp8_act(*quantize_fp8_act(act))
-        out.index_add_(0, tok, hd @ dequantize_mxfp4(w2_packed[e], w2_scale[e]).T)
+        out.index_add_(0, tok, hd @ dequantize_mxfp4(w2_packed[e], w2_scale[e])[:, :inter].T)
     return out.to(x.dtype)

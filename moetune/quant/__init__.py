@@ -2,10 +2,10 @@
 
 from .fp8_act import quantize_fp8_act
 from .fp8_block import dequantize_fp8_block, quantize_fp8_block
-from .mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from .mxfp4 import dequantize_mxfp4, pad_mxfp4_k, quantize_mxfp4
 
 __all__ = [
     "quantize_fp8_block", "dequantize_fp8_block",
-    "quantize_mxfp4", "dequantize_mxfp4",
+    "quantize_mxfp4", "dequantize_mxfp4", "pad_mxfp4_k",
     "quantize_fp8_act",
 ]

@@ -67,3 +67,21 @@ def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     vals = e2m1_decode(codes).reshape(*scale.shape, BLOCK)
     factor = torch.exp2(scale.float() - 127.0).unsqueeze(-1)
     return (vals * factor).reshape(*packed.shape[:-1], k)
+
+
+def pad_mxfp4_k(packed: torch.Tensor, scale: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``packed [..., N, K/2]``, ``scale [..., N, K/32]`` zero-padded along K to ``k``: zero codes, scale code
+    127 (2^0, which every decode represents). Done once when the weights load, it lets shapes whose K is not a
+    multiple of 256 run the Gluon kernels (gpt-oss-120b's 2880 -> 3072); ``fp4_prefill_moe`` pads the
+    activations to match, so the padding adds zeros to every dot product."""
+    if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
+        raise ValueError(f"packed and scale must be uint8, got {packed.dtype} and {scale.dtype}")
+    old = packed.shape[-1] * 2
+    if scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] * BLOCK != old:
+        raise ValueError(f"scale {tuple(scale.shape)} does not match packed {tuple(packed.shape)}: "
+                         f"expected [..., N, K/32] with K = {old}")
+    if not isinstance(k, int) or k < old or k % BLOCK:
+        raise ValueError(f"k must be a multiple of {BLOCK} and >= K ({old}), got {k!r}")
+    packed = torch.nn.functional.pad(packed, (0, (k - old) // 2))
+    scale = torch.nn.functional.pad(scale, (0, (k - old) // BLOCK), value=127)
+    return packed.contiguous(), scale.contiguous()
