@@ -276,6 +276,20 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     assert got["shared"] <= smem_bytes(normalize_config(config, "down"), 1024)  # what the constraint checks
 
 
+def _moe_inputs_on_gpu(*, h: int, i: int, seed: int, m: int = 40, e: int = 8):
+    """fp4_prefill_moe's inputs on the GPU: skewed and partly inactive routes (empty experts, partial
+    M-blocks), top_k 4."""
+    from moetune.quant import quantize_mxfp4
+    from moetune.routing import make_routes
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
+    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
+    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
+    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    return x, w13, w2, wts, ids
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("swap, bm, bn, warps, stages, layout, scale_ring", [
     (1, 16, 64, 4, 3, "indexed", 0), (1, 32, 64, 4, 2, "gathered", 0), (1, 64, 64, 4, 3, "indexed", 0),
@@ -287,15 +301,8 @@ def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, sca
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
-    from moetune.quant import quantize_mxfp4
-    from moetune.routing import make_routes
 
-    g = torch.Generator().manual_seed(5)
-    m, h, i, e = 40, 512, 256, 8
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
-    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
-    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
-    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=512, i=256, seed=5)
     cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
            "SCALE_RING": scale_ring, "num_warps": warps}
     config = {"gate_up": {**cfg, "A_LAYOUT": layout}, "down": cfg}
@@ -311,15 +318,9 @@ def test_gluon_runs_weights_zero_padded_along_k_on_gpu(swap, bm, bn, warps, stag
     """H 384 and I 160 (not multiples of 256) with both weight banks zero-padded to 512 and 256 (pad_mxfp4_k):
     IMPL gluon against the fp32 reference of the unpadded weights."""
     from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
-    from moetune.quant import pad_mxfp4_k, quantize_mxfp4
-    from moetune.routing import make_routes
+    from moetune.quant import pad_mxfp4_k
 
-    g = torch.Generator().manual_seed(9)
-    m, h, i, e = 40, 384, 160, 8
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16).cuda()
-    w13 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)]
-    w2 = [t.cuda() for t in quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)]
-    ids, wts = make_routes(m, 4, e, routing="zipf:1.2", active_fraction=0.75, generator=g, device="cuda")
+    x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=384, i=160, seed=9)
     cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
            "num_warps": warps, "SCALE_RING": 1}
     out = fp4_prefill_moe(x, *pad_mxfp4_k(*w13, 512), *pad_mxfp4_k(*w2, 256), wts, ids,

@@ -83,20 +83,21 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, k, width, stride_xm, stride_xk, strid
                        GROUP, ROUND_FIRST, WGMMA_ORDER)
 
 
-def _check_width(width: int | None, k: int, what: str) -> int:
+def _outputs(rows: int, k: int, width: int | None, group: int, k_order: str, what: str,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """A quantizer's checked arguments and its outputs: (q, scales, width, groups)."""
     if width is None:
-        return k
+        width = k
     if not isinstance(width, int) or width < k:
         raise ValueError(f"width must be an int >= the {what} ({k}), got {width!r}")
-    return width
-
-
-def _check_order(k_order: str, group: int, k: int, what: str) -> None:
     if k_order not in ("real", "wgmma"):
         raise ValueError(f"k_order must be 'real' or 'wgmma', got {k_order!r}")
-    if k_order == "wgmma" and (group != 128 or k % 128):
+    if k_order == "wgmma" and (group != 128 or width % 128):
         raise ValueError(f"k_order 'wgmma' permutes within 128-wide groups: needs group 128 and the "
-                         f"{what} a multiple of 128, got group {group}, {what} {k}")
+                         f"width a multiple of 128, got group {group}, width {width}")
+    groups = triton.cdiv(width, group)
+    q = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device=device)
+    return q, torch.empty(rows, groups, dtype=torch.float32, device=device), width, groups
 
 
 def act_quant(x: torch.Tensor, group: int = 128, *, k_order: str = "real",
@@ -112,11 +113,7 @@ def act_quant(x: torch.Tensor, group: int = 128, *, k_order: str = "real",
     if group < 1 or group & (group - 1):
         raise ValueError(f"group must be a power of two, got {group}")
     m, k = x.shape
-    width = _check_width(width, k, "K")
-    _check_order(k_order, group, width, "width")
-    groups = triton.cdiv(width, group)
-    q = torch.empty(m, width, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    q, s, width, groups = _outputs(m, k, width, group, k_order, "K", x.device)
     if m and width:
         _act_quant_kernel[(m, groups)](x, q, s, k, width, x.stride(0), x.stride(1), q.stride(0), s.stride(0),
                                        GROUP=group, ROUND_FIRST=interpreter_active(),
@@ -133,11 +130,7 @@ def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     order (W % 128 == 0, group 128)."""
     routes, two_i = gate_up.shape
     inter = two_i // 2
-    width = _check_width(width, inter, "intermediate")
-    _check_order(k_order, group, width, "width")
-    groups = triton.cdiv(width, group)
-    q = torch.empty(routes, width, dtype=torch.float8_e4m3fn, device=gate_up.device)
-    s = torch.empty(routes, groups, dtype=torch.float32, device=gate_up.device)
+    q, s, width, groups = _outputs(routes, inter, width, group, k_order, "intermediate", gate_up.device)
     if routes and width:
         _swiglu_quant_kernel[(routes, groups)](
             gate_up, weights, ids, q, s, inter, width, 0.0 if limit is None else float(limit),

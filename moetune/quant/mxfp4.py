@@ -55,14 +55,20 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
     return torch.where((c & 8) != 0, -mag, mag)
 
 
-def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`quantize_mxfp4`: fp32 ``[..., N, K]``, exact for scale codes 0..252."""
+def _packed_k(packed: torch.Tensor, scale: torch.Tensor) -> int:
+    """K of a packed bank and its scales, or ValueError."""
     if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
         raise ValueError(f"packed and scale must be uint8, got {packed.dtype} and {scale.dtype}")
     k = packed.shape[-1] * 2
     if scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] * BLOCK != k:
         raise ValueError(f"scale {tuple(scale.shape)} does not match packed {tuple(packed.shape)}: "
                          f"expected [..., N, K/32] with K = {k}")
+    return k
+
+
+def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`quantize_mxfp4`: fp32 ``[..., N, K]``, exact for scale codes 0..252."""
+    k = _packed_k(packed, scale)
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(*packed.shape[:-1], k)
     vals = e2m1_decode(codes).reshape(*scale.shape, BLOCK)
     factor = torch.exp2(scale.float() - 127.0).unsqueeze(-1)
@@ -74,12 +80,7 @@ def pad_mxfp4_k(packed: torch.Tensor, scale: torch.Tensor, k: int) -> tuple[torc
     127 (2^0, which every decode represents). Done once when the weights load, it lets shapes whose K is not a
     multiple of 256 run the Gluon kernels (gpt-oss-120b's 2880 -> 3072); ``fp4_prefill_moe`` pads the
     activations to match, so the padding adds zeros to every dot product."""
-    if packed.dtype != torch.uint8 or scale.dtype != torch.uint8:
-        raise ValueError(f"packed and scale must be uint8, got {packed.dtype} and {scale.dtype}")
-    old = packed.shape[-1] * 2
-    if scale.shape[:-1] != packed.shape[:-1] or scale.shape[-1] * BLOCK != old:
-        raise ValueError(f"scale {tuple(scale.shape)} does not match packed {tuple(packed.shape)}: "
-                         f"expected [..., N, K/32] with K = {old}")
+    old = _packed_k(packed, scale)
     if not isinstance(k, int) or k < old or k % BLOCK:
         raise ValueError(f"k must be a multiple of {BLOCK} and >= K ({old}), got {k!r}")
     packed = torch.nn.functional.pad(packed, (0, (k - old) // 2))
