@@ -105,3 +105,28 @@ def _from_wgmma(q):
     rows, k = q.shape
     u = q.view(torch.uint8).reshape(rows, k // 128, 4, 2, 4, 4)  # [row, chunk, b, h, q, i]
     return u.permute(0, 1, 4, 2, 3, 5).reshape(rows, k).view(torch.float8_e4m3fn)
+
+
+def test_quantizers_compile_for_sm90_with_the_hardware_e4m3_conversion():
+    """What the GPU runs (compiled for sm_90 without a GPU): both quantizers, both K orders, convert with
+    the hardware's round-to-nearest saturating cvt, which the CPU tests stand in for with _round_to_e4m3."""
+    from sm90_compile import compile_sm90
+
+    common = {"GROUP": 128, "ROUND_FIRST": False, "stride_xk": 1}
+    jobs = []
+    for order in (False, True):
+        jobs.append({"kernel": "moetune.kernels.fp4_act._act_quant_kernel",
+                     "const": {**common, "WGMMA_ORDER": order},
+                     "types": {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
+                     "options": {"num_warps": 4}})
+        jobs.append({"kernel": "moetune.kernels.fp4_act._swiglu_quant_kernel",
+                     "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order},
+                     "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "q_ptr": "*fp8e4nv",
+                               "s_ptr": "*fp32", "limit": "fp32"},
+                     "options": {"num_warps": 4}})
+    got = compile_sm90(jobs)
+    if isinstance(got, str):
+        pytest.skip(f"cannot compile for sm_90 here: {got}")
+    assert len(got) == 4
+    for g in got:
+        assert "cvt.rn.satfinite.e4m3x2.f32" in g["ptx"]
