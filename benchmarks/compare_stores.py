@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from moetune.store import Store  # noqa: E402
+from moetune.tuner.store import Store  # noqa: E402
 
 POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 

@@ -25,9 +25,10 @@ import json
 
 import pandas as pd
 
-from moetune.picker import pick_config
-from moetune.spec import canonical_json, get_spec
-from moetune.store import read_frame
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables.picker import pick_config
+from moetune.tuner.store import read_frame
 
 
 def load(paths: list[str]) -> pd.DataFrame:

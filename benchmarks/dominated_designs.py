@@ -17,8 +17,8 @@ import json
 import pandas as pd
 
 from moetune.device import DeviceInfo
-from moetune.spec import get_spec
-from moetune.store import read_frame
+from moetune.specs.registry import get_spec
+from moetune.tuner.store import read_frame
 
 _POINT = ["kernel", "shape", "tokens", "routes", "active_fraction", "routing"]
 

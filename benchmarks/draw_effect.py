@@ -25,10 +25,11 @@ import torch
 import moetune.routing as routing
 from moetune.device import device_info
 from moetune.models import get_model
-from moetune.picker import pick_config
-from moetune.spec import canonical_json, get_spec
-from moetune.store import read_frame
-from moetune.timing import TimingOptions, roofline_frac, time_graph
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables.picker import pick_config
+from moetune.tuner.store import read_frame
+from moetune.tuner.timing import TimingOptions, roofline_frac, time_graph
 
 
 def main() -> None:

@@ -24,9 +24,9 @@ E, H, INTER, TOP_K = 256, 4096, 1024, 6
 
 
 def point(routes: int, w13, w2) -> dict:
-    from moetune.kernels.fp4_act import act_quant
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe
-    from moetune.kernels.moe_sum import moe_sum
+    from moetune.kernels.fp4_prefill.act_quant import act_quant
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.moe_sum import moe_sum
     from moetune.quant import quantize_fp8_act
     from moetune.routing import make_routes
 
@@ -54,7 +54,7 @@ def point(routes: int, w13, w2) -> dict:
 
 def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
     """torch.profiler's table of the GPU kernels of ``calls`` calls of fp4_prefill_moe (after a warm-up)."""
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
     from moetune.routing import make_routes
 
     m = routes // TOP_K

@@ -26,10 +26,10 @@ def main() -> None:
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
     args = ap.parse_args()
 
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
-    from moetune.picker import pick_config
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import pad_mxfp4_k, quantize_mxfp4
     from moetune.routing import make_routes
+    from moetune.tables.picker import pick_config
 
     torch.manual_seed(0)
     w13 = quantize_mxfp4(torch.randn(E, 2 * INTER, H, device="cuda", dtype=torch.bfloat16) * 0.05)

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
+from moetune.kernels.fp4_prefill.config import SPACE, normalize_config
 from moetune.models import get_model
-from moetune.spec import canonical_json, get_spec
-from moetune.specs.fp4_prefill import SPACE, normalize_config
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
 
 COPY_BW = 4.27e12  # bytes/s, measured device-to-device copy on this H200
 BF16_RATE = 790e12  # flop/s, measured bf16 matmul

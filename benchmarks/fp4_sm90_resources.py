@@ -34,8 +34,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from moetune.kernels import fp4_gemm
-from moetune.specs.fp4_prefill import normalize_config
+from moetune.kernels.fp4_prefill import triton_gemm as fp4_gemm
+from moetune.kernels.fp4_prefill.config import normalize_config
 
 SM90_REGS, SM90_SMEM, SM90_THREADS = 65536, 232448, 2048  # per SM; smem: the opt-in limit a CTA may use
 _TYPES = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*u8", "w_scale_ptr": "*u8", "c_ptr": "*bf16",
@@ -114,7 +114,7 @@ def main() -> None:
     for text in args.configs:
         config = normalize_config(json.loads(text), args.gemm)
         if config["IMPL"] == "gluon":  # the Gluon kernel with the launcher's register cap, then the others
-            from moetune.kernels.fp4_wgmma import compile_for_sm90
+            from moetune.kernels.fp4_prefill.gluon_gemm import compile_for_sm90
 
             for cap in sorted(set(args.maxnreg) | {0}):
                 a_div = args.top_k if args.gemm == "gate_up" else 1

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetune.kernels import fp8_decode as F
+from moetune.kernels.fp8_decode import layer as F
 from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from moetune.routing import make_routes
 

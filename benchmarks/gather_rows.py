@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from moetune.device import device_info
-from moetune.kernels.gather_rows import gather_rows_with_scales, gather_rows_with_scales_reference
+from moetune.kernels.gather_rows.config import DEFAULT, group_count
+from moetune.kernels.gather_rows.gather import gather_rows_with_scales, gather_rows_with_scales_reference
 from moetune.routing import make_routes
-from moetune.spec import Inputs
-from moetune.specs.gather_rows import DEFAULT, SPEC, group_count, sorted_dst2src
+from moetune.specs.base import Inputs
+from moetune.specs.gather_rows import SPEC, sorted_dst2src
 
 DEV = "cuda"
 COPY_TBPS = 4.27  # H200 device-to-device copy, bytes read + written (DESIGN.md)

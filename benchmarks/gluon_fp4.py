@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import triton
 
-from moetune.specs.fp4_prefill import GLUON_FIXED, normalize_config
+from moetune.kernels.fp4_prefill.config import GLUON_FIXED, normalize_config
 
 GEMMS = {"gate_up": (2048, 4096, 6), "down": (4096, 1024, 1)}  # N, K, A row divisor
 DEFAULT_CONFIGS = [
@@ -41,7 +41,7 @@ def gluon_config(text: str, gemm: str) -> dict:
 def offline(configs: list[str]) -> None:
     from fp4_sm90_resources import resources  # beside this script
 
-    from moetune.kernels.fp4_wgmma import compile_for_sm90
+    from moetune.kernels.fp4_prefill.gluon_gemm import compile_for_sm90
 
     for text in configs:
         cfg = gluon_config(text, "gate_up")
@@ -50,11 +50,11 @@ def offline(configs: list[str]) -> None:
 
 
 def bench(out_dir: Path, routes_list: list[int], configs: list[str], gemms: list[str]) -> None:
-    from moetune.kernels.fp4_prefill import OUT_DTYPES, grouped_gemm
-    from moetune.kernels.moe_align import align_routes
-    from moetune.picker import pick_config
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import OUT_DTYPES, grouped_gemm
     from moetune.quant.fp8_act import quantize_fp8_act, to_wgmma_k_order
     from moetune.quant.mxfp4 import quantize_mxfp4
+    from moetune.tables.picker import pick_config
 
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)

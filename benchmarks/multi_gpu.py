@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def summarize(name: str, db: Path, wall: float, plain: set | None) -> dict:
-    from moetune.store import Store
+    from moetune.tuner.store import Store
 
     with Store(db) as s:
         rows = s.frame()
@@ -52,11 +52,11 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
         args.model, args.tp, args.tokens, args.budget = "tiny", 1, 1, 3
     from moetune.models import get_model
-    from moetune.parallel import LocalBackend, ParallelSweep
-    from moetune.runner import Runner
-    from moetune.spec import get_spec
-    from moetune.store import Store
-    from moetune.sweep import Sweep
+    from moetune.specs.registry import get_spec
+    from moetune.tuner.parallel import LocalBackend, ParallelSweep
+    from moetune.tuner.runner import Runner
+    from moetune.tuner.store import Store
+    from moetune.tuner.sweep import Sweep
 
     args.out.mkdir(parents=True, exist_ok=True)
     spec = get_spec(args.kernel)

@@ -51,7 +51,7 @@ def gpus_of(mode: str, count: int) -> int:
 
 
 def load(db: Path):
-    from moetune.store import Store
+    from moetune.tuner.store import Store
 
     with Store(db, readonly=True) as s:
         return s.frame()

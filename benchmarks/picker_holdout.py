@@ -23,14 +23,15 @@ from pathlib import Path
 import pandas as pd
 
 from moetune.models import get_model
-from moetune.spec import canonical_json, get_spec
-from moetune.store import read_frame
-from moetune.sweep import full_config
-from moetune.tables import read, table_path
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables.format import read, table_path
+from moetune.tuner.store import read_frame
+from moetune.tuner.sweep import full_config
 
 
 def nearest(entries: list[dict], density: float) -> dict:
-    """The picker's rule (moetune.picker._nearest) on a list of table entries."""
+    """The picker's rule (moetune.tables.picker._nearest) on a list of table entries."""
     x = math.log(density)
     return min(entries, key=lambda e: (round(abs(math.log(e["density"]) - x), 9), e["density"]))
 

@@ -36,9 +36,10 @@ import json
 from pathlib import Path
 
 from moetune.models import get_model
-from moetune.picker import pick_config
-from moetune.runner import Runner
-from moetune.spec import canonical_json, get_spec
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables.picker import pick_config
+from moetune.tuner.runner import Runner
 
 
 def variants(table: dict, probe: str) -> dict[str, dict]:

@@ -26,7 +26,7 @@ import json
 import torch
 
 from moetune.models import get_model
-from moetune.spec import get_spec
+from moetune.specs.registry import get_spec
 
 
 def main() -> None:

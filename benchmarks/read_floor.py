@@ -4,7 +4,7 @@ The roofline of fp8 decode gate/up at 1 token (DeepSeek-V3 TP=8: 8 distinct expe
 weights and their scales, 29.5 MB) is bytes / copy bandwidth: 6.9 us. That bandwidth is a large copy's.
 This times what a Triton kernel doing nothing but reading those bytes (each program XOR-folds a
 contiguous span of one routed expert's weights, 16 bytes a thread per load) takes as one CUDA-graph
-node, with the same timing as the tuner's (``moetune.timing.time_graph``: 10 runs a replay, input sets
+node, with the same timing as the tuner's (``moetune.tuner.timing.time_graph``: 10 runs a replay, input sets
 rotated so no run finds its experts in L2), over programs per expert, bytes a program loads per step
 (loads in flight), warps and programs per SM. Also an empty kernel (one program, no work): the fixed
 cost of a node. Writes ``read_floor.json`` under --out and prints the table last.
@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moetune.timing import TimingOptions, time_graph
+from moetune.tuner.timing import TimingOptions, time_graph
 
 
 @triton.jit
@@ -64,7 +64,7 @@ def main() -> None:
     w = torch.randint(-2**31, 2**31 - 1, (args.experts, words), dtype=torch.int32, device=dev)
     scale_bytes = args.n // 128 * -(-args.k // 128) * 4
     nbytes = args.routes * (words * 4 + scale_bytes)
-    floor_us = nbytes / 4.27e12 * 1e6  # moetune.timing.CEILINGS["H200"] copy bandwidth
+    floor_us = nbytes / 4.27e12 * 1e6  # moetune.tuner.timing.CEILINGS["H200"] copy bandwidth
     g = torch.Generator().manual_seed(0)
     id_sets = [torch.randperm(args.experts, generator=g)[:args.routes].to(torch.int32).to(dev)
                for _ in range(args.sets)]

@@ -27,12 +27,12 @@ import json
 import time
 from pathlib import Path
 
-from moetune.parallel import ParallelSweep, make_runner
-from moetune.problems import build_plan
-from moetune.spec import canonical_json
-from moetune.store import Store
-from moetune.strategies import STRATEGIES
-from moetune.sweep import Sweep, full_config
+from moetune.problem import canonical_json
+from moetune.tuner.parallel import ParallelSweep, make_runner
+from moetune.tuner.problems import build_plan
+from moetune.tuner.store import Store
+from moetune.tuner.strategies import STRATEGIES
+from moetune.tuner.sweep import Sweep, full_config
 
 # The fp4 reference subspace: the unpack and the two decodes the H200 tables picked (results/fp4_prefill.md,
 # session 2) with every tile shape and operand swap, a fixed group size and warp count, 1 or 3 stages;

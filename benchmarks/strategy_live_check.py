@@ -29,9 +29,9 @@ from pathlib import Path
 
 from reference_dataset import parse_job
 
-from moetune.spec import canonical_json
-from moetune.store import Store
-from moetune.strategies import DEFAULT_STRATEGY
+from moetune.problem import canonical_json
+from moetune.tuner.store import Store
+from moetune.tuner.strategies import DEFAULT_STRATEGY
 
 
 def run(cmd: list[str], cache: str, log: Path) -> float:

@@ -31,9 +31,10 @@ import sys
 from pathlib import Path
 
 from moetune.models import get_model
-from moetune.spec import canonical_json, get_spec
-from moetune.store import read_frame
-from moetune.tables import read, table_path
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables.format import read, table_path
+from moetune.tuner.store import read_frame
 
 
 def cross_times(stores: list[str], kernel: str) -> dict[tuple[int, str], float]:

@@ -37,10 +37,10 @@ def phase_crash(db: Path, model: str, timeout: float) -> dict:
     import crashy_spec  # noqa: F401  (registers test.crashy)
 
     from moetune.models import get_model
-    from moetune.runner import Runner
-    from moetune.spec import get_spec
-    from moetune.store import Store
-    from moetune.sweep import Sweep
+    from moetune.specs.registry import get_spec
+    from moetune.tuner.runner import Runner
+    from moetune.tuner.store import Store
+    from moetune.tuner.sweep import Sweep
 
     spec = get_spec("test.crashy")
     problem = spec.problem(spec.shape_from_model(get_model(model)), 16)
@@ -71,9 +71,9 @@ def compile_rate(runner, spec, problem, configs) -> dict:
 
 
 def phase_sweep(db: Path, runner, kernel: str, model: str, tp: int, limit: float, **density) -> dict:
-    from moetune.problems import build_plan
-    from moetune.store import Store
-    from moetune.sweep import Sweep
+    from moetune.tuner.problems import build_plan
+    from moetune.tuner.store import Store
+    from moetune.tuner.sweep import Sweep
 
     plan = build_plan([kernel], model=model, tp=tp, device=runner.device, **density)
     compile_before = runner.compile_seconds
@@ -136,10 +136,10 @@ def main() -> None:
         (args.out / "tuner_overhead.json").write_text(json.dumps(report, indent=2, default=str))
 
     from moetune.device import device_info
-    from moetune.problems import build_plan
-    from moetune.runner import Runner
-    from moetune.spec import get_spec
-    from moetune.sweep import plan_points
+    from moetune.specs.registry import get_spec
+    from moetune.tuner.problems import build_plan
+    from moetune.tuner.runner import Runner
+    from moetune.tuner.sweep import plan_points
 
     dev = device_info()
     report["device"] = dev.name

@@ -34,7 +34,7 @@ def patch(variant: str) -> None:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from moetune.kernels import fp4_wgmma as fw
+    from moetune.kernels.fp4_prefill import gluon_gemm as fw
 
     if "no_lut" in variant:
         @gluon.jit
@@ -100,8 +100,8 @@ def run(variant: str, gemm: str, routes: int, config: dict, decode_regs: int | N
     patch(variant)
     from gluon_fp4 import GEMMS, gluon_config  # beside this script (path set in main)
 
-    from moetune.kernels import fp4_wgmma as fw
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill import gluon_gemm as fw
+    from moetune.kernels.fp4_prefill.align import align_routes
     from moetune.quant.fp8_act import quantize_fp8_act
     from moetune.quant.mxfp4 import quantize_mxfp4
 

@@ -5,22 +5,28 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "fp8_decode_moe": "moetune.kernels.fp8_decode",
-    "fp4_prefill_moe": "moetune.kernels.fp4_prefill",
-    "gather_rows_with_scales": "moetune.kernels.gather_rows",
-    "pick_config": "moetune.picker",
-    "KernelSpec": "moetune.spec",
-    "register": "moetune.spec",
+    "fp8_decode_moe": "moetune.kernels.fp8_decode.layer",
+    "fp4_prefill_moe": "moetune.kernels.fp4_prefill.layer",
+    "gather_rows_with_scales": "moetune.kernels.gather_rows.gather",
+    "pick_config": "moetune.tables.picker",
+    "pick_config_with_source": "moetune.tables.picker",
+    "KernelSpec": "moetune.specs.base",
+    "register": "moetune.specs.registry",
+    "get_spec": "moetune.specs.registry",
 }
+# Modules reachable as attributes, e.g. ``moetune.picker.pick_config_with_source``.
+_MODULES = {"picker": "moetune.tables.picker", "reference": "moetune.reference"}
 
 
 def __getattr__(name: str):
     # Lazy, so `import moetune` stays cheap and never imports triton before the
     # caller had a chance to set TRITON_INTERPRET.
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'moetune' has no attribute {name!r}")
 
 

@@ -1,3 +1,3 @@
-from .cli import main
+from moetune.cli import main
 
 main()

@@ -21,7 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from moetune.spec import Inputs, KernelSpec, Problem, register
+from moetune.problem import Problem
+from moetune.specs.base import Inputs, KernelSpec
+from moetune.specs.registry import register
 
 MODES = ("ok", "wrong", "raise", "refuse", "compile", "abort", "segv", "hang", "ima", "pruned")
 

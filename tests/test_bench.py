@@ -9,11 +9,13 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from moetune import picker, tables
-from moetune.bench import COLUMNS, INTERPRETER_NOTE, KERNEL_ONLY_NOTE, Measured, bench
 from moetune.cli import app
 from moetune.models import get_model
-from moetune.spec import canonical_json, get_spec
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables import format as tables
+from moetune.tables import picker
+from moetune.tuner.bench import COLUMNS, INTERPRETER_NOTE, KERNEL_ONLY_NOTE, Measured, bench
 
 
 @pytest.fixture
@@ -72,7 +74,7 @@ def test_cli_writes_table_markdown_and_csv(cli, tmp_path, no_tables):
 def test_kernel_only_bench_says_so_and_reaches_the_workers(cli, tmp_path, no_tables, monkeypatch):
     """--kernel-only times each op with its alignment and split made beforehand; the output and the
     Markdown say so, and the flag travels to the workers in the runner's timing options."""
-    from moetune.runner import Runner
+    from moetune.tuner.runner import Runner
 
     seen = []
     real = Runner.__init__

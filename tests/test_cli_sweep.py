@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moetune.cli import app
-from moetune.store import Store
+from moetune.tuner.store import Store
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_results_needs_an_existing_store(cli, tmp_path):
 
 
 def test_full_timing_turns_the_short_readings_off(cli, tmp_path, monkeypatch):
-    from moetune import parallel
+    from moetune.tuner import parallel
 
     seen = []
     real = parallel.make_runner

@@ -8,9 +8,9 @@ import pytest
 from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, table, toy_registered  # noqa: F401
 from typer.testing import CliRunner
 
-from moetune import picker
 from moetune.cli import _common, app
-from moetune.store import Store
+from moetune.tables import picker
+from moetune.tuner.store import Store
 
 SHAPE_ARG = "E=8,N=64,K=128,top_k=2"
 

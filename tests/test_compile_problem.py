@@ -13,7 +13,7 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 
 from moetune.device import DeviceInfo
-from moetune.spec import get_spec
+from moetune.specs.registry import get_spec
 
 
 def _view(fn: InterpretedFunction, name: str, value):

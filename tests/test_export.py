@@ -7,10 +7,11 @@ import math
 import pytest
 from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, row, toy_registered  # noqa: F401
 
-from moetune import picker, tables
 from moetune.device import DeviceInfo
-from moetune.export import export
-from moetune.store import Store
+from moetune.tables import format as tables
+from moetune.tables import picker
+from moetune.tuner.export import export
+from moetune.tuner.store import Store
 
 DEFAULT = dict(SPEC.default)
 H = DeviceInfo(name=DEVICE, arch="sm_90", sm_count=132, max_shared_mem=232448, l2_bytes=60 << 20, is_gpu=True)
@@ -323,7 +324,7 @@ def test_broad_sweeps_on_two_cards_decide_by_the_config_robust_across_both(tmp_p
     """Where two sweeps each measured many configs at a point, the entry takes the config whose worst
     time over the sweeps, each over its own sweep's best, is lowest, not the fastest reading (which
     follows whichever card measured fastest). One broad sweep (or budgeted ones) keeps the usual rule."""
-    import moetune.export as ex
+    import moetune.tuner.export as ex
 
     monkeypatch.setattr(ex, "CROSS_RUN_ROWS", 3)
     fast_card = {"x": 1.00, "y": 1.01, "z": 1.20, "d": 2.0}

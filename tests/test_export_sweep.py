@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from moetune import picker, tables
 from moetune.device import INTERPRETER
-from moetune.export import export
-from moetune.runner import Runner
-from moetune.spec import canonical_json, get_spec
-from moetune.store import Store
-from moetune.sweep import Sweep
-from moetune.verify import verify
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tables import format as tables
+from moetune.tables import picker
+from moetune.tuner.export import export
+from moetune.tuner.runner import Runner
+from moetune.tuner.store import Store
+from moetune.tuner.sweep import Sweep
+from moetune.tuner.verify import verify
 
 KERNEL = "gather_rows"
 SHAPE = {"E": 4, "N": 256, "K": 256, "top_k": 2}

@@ -4,8 +4,8 @@ weight + FP8 quantization between the GEMMs."""
 import pytest
 import torch
 
-from moetune.activations import gated_activation
-from moetune.kernels.fp4_act import act_quant, swiglu_quant
+from moetune.kernels.activations import gated_activation
+from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.quant import quantize_fp8_act
 
 
@@ -115,11 +115,11 @@ def test_quantizers_compile_for_sm90_with_the_hardware_e4m3_conversion():
     common = {"GROUP": 128, "ROUND_FIRST": False, "stride_xk": 1}
     jobs = []
     for order in (False, True):
-        jobs.append({"kernel": "moetune.kernels.fp4_act._act_quant_kernel",
+        jobs.append({"kernel": "moetune.kernels.fp4_prefill.act_quant._act_quant_kernel",
                      "const": {**common, "WGMMA_ORDER": order},
                      "types": {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
                      "options": {"num_warps": 4}})
-        jobs.append({"kernel": "moetune.kernels.fp4_act._swiglu_quant_kernel",
+        jobs.append({"kernel": "moetune.kernels.fp4_prefill.act_quant._swiglu_quant_kernel",
                      "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order},
                      "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                                "s_ptr": "*fp32", "limit": "fp32"},

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moetune.kernels.moe_align import align_routes, max_slots
+from moetune.kernels.fp4_prefill.align import align_routes, max_slots
 from moetune.routing import make_routes
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
 from moetune.quant import pad_mxfp4_k, quantize_mxfp4
 from moetune.routing import make_routes
 
@@ -75,10 +75,10 @@ def test_bf16_route_rows_are_the_fp32_rows_rounded(device):
     """OUT_DTYPE bf16 (down's): the per-route rows are the fp32 rows cast (the interpreter's cast truncates
     where the GPU rounds: one bf16 ulp), the sum over top_k reads them, and the whole path stays in
     tolerance; gate/up refuses it (its rows feed the fp8 quantizer)."""
-    from moetune.kernels.fp4_prefill import grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.config import normalize_config
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
     from moetune.quant import quantize_fp8_act
-    from moetune.specs.fp4_prefill import normalize_config
 
     x, w13p, w13s, w2p, w2s, wts, ids = args = _problem(m=20, h=160, i=96, e=4, top_k=2, active=0.8,
                                                         device=device)
@@ -119,8 +119,8 @@ def test_lut_matches_halves_across_scale_spreads(decode, swap, device):
     (Distances beyond 9 round to e4m3 subnormals, where the interpreter's fp16 -> e4m3 cast truncates:
     there its halves is off, so on the CPU only blocks at most 2^-7 apart, whose scales stay within 9,
     are compared.)"""
-    from moetune.kernels.fp4_prefill import grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
     from moetune.quant import dequantize_mxfp4, quantize_fp8_act
 
     g = torch.Generator().manual_seed(3)
@@ -191,7 +191,7 @@ def test_inactive_routes_read_nothing(device):
 
 
 def test_gathered_layout_matches_indexed(device):
-    pytest.importorskip("moetune.kernels.gather_rows")
+    pytest.importorskip("moetune.kernels.gather_rows.gather")
     args = _problem(m=12, e=4, top_k=2, device=device)
     down = _cfg(16, 64, 64)
     out = fp4_prefill_moe(*args, config={"gate_up": _cfg(16, 64, 128, A_LAYOUT="gathered"), "down": down})

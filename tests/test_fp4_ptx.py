@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import torch
 
-from moetune.kernels.fp4_gemm import (
+from moetune.kernels.fp4_prefill.triton_gemm import (
     _E2M1_TO_E4M3_ASM,
     _E2M1_TO_E4M3_LUT_ASM,
     _E2M1_TO_F16_ASM,

@@ -4,7 +4,7 @@ import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
 from moetune.models import get_model
-from moetune.spec import get_spec
+from moetune.specs.registry import get_spec
 
 OPS = ("fp4_prefill.gate_up", "fp4_prefill.down")
 H200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 232448, 0, False)
@@ -47,7 +47,8 @@ def test_every_group_size_of_a_tile_runs_one_binary():
     here) differs from a constexpr group size by two multiplies and a min on registers."""
     from sm90_compile import param_flags
 
-    assert param_flags(["moetune.kernels.fp4_gemm.fp4_moe_gemm_kernel"], "GROUP_SIZE_M") == [(False, True)]
+    kernel = "moetune.kernels.fp4_prefill.triton_gemm.fp4_moe_gemm_kernel"
+    assert param_flags([kernel], "GROUP_SIZE_M") == [(False, True)]
     spec = get_spec("fp4_prefill.gate_up")
     tile = {**spec.default, "GROUP_SIZE_M": 1}
     assert spec.binary_key(tile) == spec.binary_key({**tile, "GROUP_SIZE_M": 16})
@@ -163,7 +164,7 @@ def test_spec_run_passes_accuracy_gate_with_poisoned_outputs(op, device):
 
 def test_smem_estimate_bounds_what_triton_allocates():
     """Shared bytes Triton allocated for sm_90 (metadata.shared; the first on Triton 3.6, the rest 3.9)."""
-    from moetune.specs.fp4_prefill import normalize_config, smem_bytes
+    from moetune.kernels.fp4_prefill.config import normalize_config, smem_bytes
 
     h200 = DeviceInfo("h200", "sm_90", 132, 232448, 0, True)
     measured = [  # (DECODE, UNPACK, SWAP_AB, BM, BN, BK, stages, warps, bytes)
@@ -198,7 +199,7 @@ def test_new_design_switches_validate():
 
 
 def test_sm90_skips_the_fp4_decodes_the_h200_stores_show_never_win():
-    from moetune.sweep import plan_point
+    from moetune.tuner.sweep import plan_point
 
     spec = get_spec("fp4_prefill.gate_up")
     a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 0, True)
@@ -217,8 +218,10 @@ def test_sm90_skips_the_fp4_decodes_the_h200_stores_show_never_win():
 def test_candidates_are_the_valid_configs_of_the_full_product():
     """candidates() checks each switch combination once instead of every config: what it yields is the
     full product's configs that pass the config checks, each once (a reduced tile space, every switch)."""
-    from moetune.spec import KernelSpec, canonical_json
-    from moetune.specs.fp4_prefill import Fp4GateUpSpec, _config_check
+    from moetune.kernels.fp4_prefill.config import _config_check
+    from moetune.problem import canonical_json
+    from moetune.specs.base import KernelSpec
+    from moetune.specs.fp4_prefill import Fp4GateUpSpec
 
     spec = Fp4GateUpSpec()
     spec.space = {**spec.space, "BLOCK_SIZE_M": (16, 128), "BLOCK_SIZE_N": (32, 64), "GROUP_SIZE_M": (1,),

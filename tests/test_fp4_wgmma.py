@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from moetune.device import INTERPRETER, DeviceInfo
-from moetune.specs.fp4_prefill import GLUON_FIXED, normalize_config, smem_bytes
+from moetune.kernels.fp4_prefill.config import GLUON_FIXED, normalize_config, smem_bytes
 
 GLUON = {"IMPL": "gluon", **GLUON_FIXED, "SWAP_AB": 1, "BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 64, "num_warps": 4,
          "num_stages": 3, "GROUP_SIZE_M": 8}
@@ -42,7 +42,7 @@ def test_wgmma_k_order_puts_each_thread_group_in_its_lanes():
 def test_producers_write_the_wgmma_k_order(device):
     """quantize_fp8_act and the swiglu quantizer write IMPL gluon's order directly: the same bytes as their
     real-order output permuted, the same scales."""
-    from moetune.kernels.fp4_act import swiglu_quant
+    from moetune.kernels.fp4_prefill.act_quant import swiglu_quant
     from moetune.quant import quantize_fp8_act
     from moetune.quant.fp8_act import to_wgmma_k_order
 
@@ -70,7 +70,7 @@ def test_producers_write_the_wgmma_k_order(device):
 
 
 def test_wgmma_k_order_is_for_gluon_configs_only():
-    from moetune.kernels.fp4_prefill import grouped_gemm
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
 
     triton_cfg = normalize_config({})
     with pytest.raises(ValueError, match="a_k_order 'wgmma' is the K order of config IMPL 'gluon'"):
@@ -135,14 +135,16 @@ def test_gluon_config_values_are_checked():
 
 
 def _problem(n=2048, k=4096, routes=6144):
-    from moetune.spec import Problem, get_spec
+    from moetune.problem import Problem
+    from moetune.specs.registry import get_spec
 
     spec = get_spec("fp4_prefill.gate_up")
     return spec, Problem("fp4_prefill.gate_up", {"E": 256, "N": n, "K": k, "top_k": 6}, routes // 6, routes)
 
 
 def test_gluon_constraint_needs_sm90_and_whole_tiles():
-    from moetune.spec import Problem, get_spec
+    from moetune.problem import Problem
+    from moetune.specs.registry import get_spec
 
     spec, problem = _problem()
     assert spec.constraint(GLUON, problem, H200) is None
@@ -180,7 +182,7 @@ def test_gluon_constraint_needs_sm90_and_whole_tiles():
 
 
 def test_gluon_configs_are_candidates_once_per_tile():
-    from moetune.spec import get_spec
+    from moetune.specs.registry import get_spec
 
     spec = get_spec("fp4_prefill.gate_up")
     gluon = [c for c in spec.candidates() if c["IMPL"] == "gluon"]
@@ -206,7 +208,7 @@ def test_gluon_configs_are_candidates_once_per_tile():
 
 
 def test_gluon_refuses_the_interpreter_before_any_launch():
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
 
     g = torch.Generator().manual_seed(0)
     from moetune.quant import quantize_mxfp4
@@ -245,7 +247,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
     import subprocess
     import sys
 
-    from moetune.kernels.fp4_wgmma import _kernel
+    from moetune.kernels.fp4_prefill.gluon_gemm import _kernel
 
     code = (
         "import json, sys\n"
@@ -300,7 +302,7 @@ def _moe_inputs_on_gpu(*, h: int, i: int, seed: int, m: int = 40, e: int = 8):
 def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
 
     x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=512, i=256, seed=5)
     cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
@@ -317,7 +319,7 @@ def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, sca
 def test_gluon_runs_weights_zero_padded_along_k_on_gpu(swap, bm, bn, warps, stages):
     """H 384 and I 160 (not multiples of 256) with both weight banks zero-padded to 512 and 256 (pad_mxfp4_k):
     IMPL gluon against the fp32 reference of the unpadded weights."""
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import pad_mxfp4_k
 
     x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=384, i=160, seed=9)
@@ -334,8 +336,8 @@ def test_gluon_runs_weights_zero_padded_along_k_on_gpu(swap, bm, bn, warps, stag
 def test_gluon_reads_either_k_order_on_gpu():
     """grouped_gemm with A in real order (permuted by the launcher) and in the wgmma order (as the producers
     write it) gives the same bits; the pipeline mixes a Gluon gate/up with a Triton down."""
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference, grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference, grouped_gemm
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
@@ -378,8 +380,8 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
     A_RESIDENT the M-block's activations held over its N tiles) run the SWAP_AB 0 SCALE_RING 0 arithmetic:
     against the plain loop, to fp32 rounding; every active route's row written (NaN-poisoned beforehand),
     skewed and partly inactive routes, K from 2 to 32 chunks."""
-    from moetune.kernels.fp4_prefill import grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
@@ -406,8 +408,8 @@ def _outputs_on_gpu(configs, *, e: int, n: int, k: int, tokens: int, top_k: int,
     """grouped_gemm's per-route rows for each config (all of one BLOCK_SIZE_M) on one problem: skewed and
     partly inactive routes, the last expert routed, rows NaN-poisoned beforehand; and which rows are
     active. The first config's active rows are checked finite and not all zero."""
-    from moetune.kernels.fp4_prefill import grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
@@ -449,7 +451,7 @@ def test_swap_resident_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stage
     """SWAP_AB 1 with A_RESIDENT (a program's N tiles share its M-block's activations, copied once) against
     the same kernel with the ring, bit for bit: N / BN of 17, 18 and 64 tiles (programs of 1, 2 and 4), K of
     2-8 chunks."""
-    from moetune.kernels.fp4_wgmma import resident_n_tiles
+    from moetune.kernels.fp4_prefill.gluon_gemm import resident_n_tiles
 
     base = normalize_config({**GLUON, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_warps": warps,
                              "num_stages": stages, "A_LAYOUT": layout, "SCALE_RING": scale_ring})
@@ -499,8 +501,8 @@ def test_register_cap_gives_the_numbers_of_the_launchers_on_gpu(resident):
 def test_bf16_rows_are_the_fp32_rows_rounded_on_gpu(config):
     """OUT_DTYPE bf16 (down): every kernel's bf16 rows are its fp32 rows rounded, bit for bit; each active
     route's row written (NaN-poisoned beforehand). BM128 BN128 with A_RESIDENT fits only with bf16 rows."""
-    from moetune.kernels.fp4_prefill import grouped_gemm
-    from moetune.kernels.moe_align import align_routes
+    from moetune.kernels.fp4_prefill.align import align_routes
+    from moetune.kernels.fp4_prefill.layer import grouped_gemm
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
@@ -529,7 +531,7 @@ def test_bf16_rows_are_the_fp32_rows_rounded_on_gpu(config):
 def test_smem_variants_match_reference_on_gpu(switch):
     """fp4_prefill_moe with MMA_HALVES or DECODE_WARPS for both GEMMs (K 1024 and 512; DECODE_WARPS' down with
     A_RESIDENT and bf16 rows) against the fp32 reference."""
-    from moetune.kernels.fp4_prefill import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
     from moetune.quant import quantize_mxfp4
     from moetune.routing import make_routes
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from moetune.activations import gated_activation
-from moetune.kernels import fp8_decode as F
+from moetune.kernels.activations import gated_activation
+from moetune.kernels.fp8_decode import layer as F
 from moetune.quant.fp8_block import quantize_fp8_block
 from moetune.routing import make_routes
 

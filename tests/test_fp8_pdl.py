@@ -8,7 +8,7 @@ from test_fp8_decode import make_layer
 
 from moetune import fp8_decode_moe
 
-F = "moetune.kernels.fp8_decode."
+F = "moetune.kernels.fp8_decode.layer."
 BF, F8, F32, I32 = "*bf16", "*fp8e4nv", "*fp32", "*i32"
 KERNELS = {  # kernel: (pointer and float argument types, constexprs)
     "_route_gemm_kernel": ({"a_ptr": BF, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32, "rw_ptr": F32,

@@ -7,7 +7,8 @@ import torch
 
 from moetune.device import INTERPRETER, DeviceInfo
 from moetune.models import get_model
-from moetune.spec import all_specs, canonical_json, get_spec
+from moetune.problem import canonical_json
+from moetune.specs.registry import all_specs, get_spec
 
 NAMES = ("fp8_decode.gate_up", "fp8_decode.down")
 H200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 227 * 1024, 60 << 20, True)
@@ -55,7 +56,7 @@ def test_constraints_prune_without_duplicates(name):
 def test_candidates_per_design_keep_what_the_full_product_keeps():
     """The spec enumerates its space per design (GEMV keys only on the GEMV, tl.dot keys only off it):
     the configs that pass the constraint are exactly the full product's, from far fewer raw ones."""
-    from moetune.spec import KernelSpec
+    from moetune.specs.base import KernelSpec
 
     spec = get_spec("fp8_decode.down")
     spec = type(spec)()  # a copy whose space can shrink to keep the full product small
@@ -150,7 +151,7 @@ def test_a_k_split_is_timed_without_its_sum(device):
 def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypatch):
     """The layer's gated activation writes down's A_FP8 2 split, so down's timed op launches none: the
     split is made on the first run and reused; gate/up splits x in every run, as the layer does."""
-    from moetune.kernels import fp8_decode as F
+    from moetune.kernels.fp8_decode import layer as F
 
     calls = []
     real = F.split_fp8_rows
@@ -175,7 +176,7 @@ def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypa
 def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeypatch):
     """TimingOptions.kernel_only (the worker marks the inputs): the grouped path's alignment and gate/up's
     split of x are made on the first run and reused, as a layer shares them; the whole op otherwise."""
-    from moetune.kernels import fp8_decode as F
+    from moetune.kernels.fp8_decode import layer as F
 
     calls = {"split": 0, "align": 0}
     real_split, real_align = F.split_fp8_rows, F.align_routes
@@ -258,7 +259,7 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False,
              "GEMV_STAGES": 1}
-    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel", "const": const,
+    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.layer._route_gemm_kernel", "const": const,
                          "types": types, "options": {"num_warps": 4, "num_stages": st}} for st in (1, 2, 4)])
     if isinstance(got, str):
         pytest.skip(f"cannot compile for sm_90 here: {got}")
@@ -283,7 +284,7 @@ def test_gemv_stages_pipeline_the_w8a16_gemv_and_nothing_else():
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512,
              "PREFETCH": False, "PDL": False}
-    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode._route_gemm_kernel",
+    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.layer._route_gemm_kernel",
                          "const": {**const, "GEMV_STAGES": st}, "types": types,
                          "aligned": ["a_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "out_ptr", "stride_am",
                                      "stride_we", "stride_wn", "N", "K"],
@@ -314,7 +315,7 @@ def test_every_split_k_of_a_tile_runs_one_binary():
     many short programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
     from sm90_compile import compile_sm90, param_flags
 
-    kernels = [f"moetune.kernels.fp8_decode.{k}"
+    kernels = [f"moetune.kernels.fp8_decode.layer.{k}"
                for k in ("_route_gemm_kernel", "_route_dot_kernel", "_grouped_gemm_kernel")]
     assert param_flags(kernels, "SPLIT_ITERS") == [(False, True)] * 3  # not constexpr, never specialized
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
@@ -337,10 +338,10 @@ def test_every_split_k_of_a_tile_runs_one_binary():
 def test_rows_of_gemv_configs_that_differ_only_in_num_stages_export_as_one(tmp_path):
     """Stored before the constraint existed: the same W8A16 GEMV at num_stages 1 and 3 is one kernel, so
     export pools both rows under num_stages 1 and the table passes the constraints."""
-    from moetune.export import export
-    from moetune.store import Store
-    from moetune.tables import read, table_path
-    from moetune.verify import verify
+    from moetune.tables.format import read, table_path
+    from moetune.tuner.export import export
+    from moetune.tuner.store import Store
+    from moetune.tuner.verify import verify
 
     spec = get_spec("fp8_decode.down")
     shape = spec.normalize_shape(spec.shape_from_model(get_model("deepseek-v3"), tp=8))
@@ -377,7 +378,7 @@ def test_sm90_skips_the_designs_the_h200_stores_show_never_win():
     """grouped A_FP8 0, PREFETCH 1 and A_FP8 1 are dominated on sm_90 only; they still pass the
     constraints (tables and explicit configs may use them) and --full-space plans them again.
     DeepSeek-V3 TP8 gate/up at 16 tokens: 10884 candidates -> 5028 and 1068 binaries."""
-    from moetune.sweep import plan_point
+    from moetune.tuner.sweep import plan_point
 
     spec = get_spec("fp8_decode.gate_up")
     a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 40 << 20, True)

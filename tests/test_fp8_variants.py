@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_fp8_decode import TOL, make_layer, poison_unused, rel_err
 
-from moetune.kernels import fp8_decode as F
+from moetune.kernels.fp8_decode import layer as F
 from moetune.quant.fp8_block import dequantize_fp8_block
 from moetune.routing import make_routes
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import moetune
-from moetune.kernels import gather_rows as gr
-from moetune.kernels.gather_rows import gather_rows_with_scales, gather_rows_with_scales_reference
+from moetune.kernels.gather_rows import gather as gr
+from moetune.kernels.gather_rows.config import group_count
+from moetune.kernels.gather_rows.gather import gather_rows_with_scales, gather_rows_with_scales_reference
 from moetune.routing import make_routes
-from moetune.specs.gather_rows import group_count, sorted_dst2src
+from moetune.specs.gather_rows import sorted_dst2src
 
 # Wide tiles keep the interpreter's program count (and the suite's time) small.
 FAST = {"BLOCK_SIZE_K": 4096, "ROWS_PER_PROGRAM": 4, "num_warps": 4}

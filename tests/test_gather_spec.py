@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from moetune.device import INTERPRETER
+from moetune.kernels.gather_rows.config import DEFAULT, check_config, group_count
 from moetune.models import get_model
-from moetune.spec import Inputs, get_spec
-from moetune.specs.gather_rows import DEFAULT, SPEC, check_config, group_count
+from moetune.specs.base import Inputs
+from moetune.specs.gather_rows import SPEC
+from moetune.specs.registry import get_spec
 
 
 def test_registered_under_its_op_name():

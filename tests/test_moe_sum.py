@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moetune.kernels.moe_sum import BLOCK_H, moe_sum, moe_sum_reference
+from moetune.kernels.fp4_prefill.moe_sum import BLOCK_H, moe_sum, moe_sum_reference
 
 
 def _case(m, top_k, h, inactive=0.3, seed=0, device="cpu"):

@@ -10,17 +10,18 @@ import crashy_spec
 import pytest
 from typer.testing import CliRunner
 
-from moetune import parallel
 from moetune.cli import app
 from moetune.device import INTERPRETER
-from moetune.export import export
 from moetune.models import get_model
-from moetune.parallel import BusyClock, LocalBackend, ParallelSweep, make_runner, parse_gpus
-from moetune.runner import Runner, binary_id
-from moetune.spec import canonical_json, get_spec
-from moetune.store import Store
-from moetune.strategies import STRATEGIES
-from moetune.sweep import BATCH, REMEASURE, Sweep
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tuner import parallel
+from moetune.tuner.export import export
+from moetune.tuner.parallel import BusyClock, LocalBackend, ParallelSweep, make_runner, parse_gpus
+from moetune.tuner.runner import Runner, binary_id
+from moetune.tuner.store import Store
+from moetune.tuner.strategies import STRATEGIES
+from moetune.tuner.sweep import BATCH, REMEASURE, Sweep
 
 
 # ---- --gpus ------------------------------------------------------------------------------------------
@@ -423,7 +424,7 @@ def test_pool_compile_workers_stay_on_one_problem(tmp_path):
 
 def test_worker_pool_never_builds_one_binary_on_two_workers_at_once(tmp_path):
     """The pools of the plain runner and of a Ray actor wait the same way."""
-    from moetune.runner import WorkerPool
+    from moetune.tuner.runner import WorkerPool
 
     spec = get_spec("fp8_decode.gate_up")
     (problem,) = _problems("fp8_decode.gate_up", [4])
@@ -476,8 +477,8 @@ def test_a_compile_worker_stuck_starting_fails_the_sweep_instead_of_hanging(tmp_
     import multiprocessing as mp
     import time
 
-    from moetune import runner
-    from moetune.runner import WorkerHandle
+    from moetune.tuner import runner
+    from moetune.tuner.runner import WorkerHandle
 
     class Stuck:  # a process that never says hello and never dies
         killed = False
@@ -600,7 +601,7 @@ def test_a_ready_only_pump_keeps_the_crash_of_a_worker_that_died_on_its_task(tmp
     the task is never answered (session 11: the Ray test hung on it under load)."""
     import time
 
-    from moetune.runner import WorkerPool
+    from moetune.tuner.runner import WorkerPool
 
     spec = crashy_spec.SPEC
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), 1)

@@ -8,8 +8,9 @@ import warnings
 import pytest
 from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, table, toy_registered  # noqa: F401
 
-from moetune import picker, tables
 from moetune.device import INTERPRETER, DeviceInfo
+from moetune.tables import format as tables
+from moetune.tables import picker
 
 H = DeviceInfo(name=DEVICE, arch="sm_90", sm_count=132, max_shared_mem=232448, l2_bytes=60 << 20, is_gpu=True)
 OTHER = DeviceInfo(name="NVIDIA Other", arch="sm_90", sm_count=114, max_shared_mem=232448, l2_bytes=50 << 20,

@@ -8,13 +8,14 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from moetune import plots
-from moetune.bench import COLUMNS, BenchResult
 from moetune.cli import app
 from moetune.device import INTERPRETER
 from moetune.models import get_model
-from moetune.spec import canonical_json, get_spec
-from moetune.store import Store
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tuner import plots
+from moetune.tuner.bench import COLUMNS, BenchResult
+from moetune.tuner.store import Store
 
 KERNEL = "fp8_decode.gate_up"
 SPEC = get_spec(KERNEL)

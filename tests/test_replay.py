@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from moetune.cli import app
-from moetune.replay import Lookup, budget_for, load_points, parse_budgets, replay, replay_point, summary
-from moetune.store import Store
+from moetune.tuner.replay import Lookup, budget_for, load_points, parse_budgets, replay, replay_point, summary
+from moetune.tuner.store import Store
 
 DATA = "tests/data/toy_landscape.csv.gz"
 
@@ -113,8 +113,9 @@ def test_cli_foreign_file(tmp_path):
 def test_rows_from_before_a_spec_change_meet_todays_candidates():
     import json
 
-    from moetune.spec import canonical_json, get_spec
-    from moetune.store import read_frame
+    from moetune.problem import canonical_json
+    from moetune.specs.registry import get_spec
+    from moetune.tuner.store import read_frame
 
     data = "results/reference/reference.csv.gz"
     spec = get_spec("fp8_decode.down")
@@ -132,8 +133,8 @@ def test_rows_from_before_a_spec_change_meet_todays_candidates():
 
 
 def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
-    from moetune.replay import _siblings
-    from moetune.spec import canonical_json
+    from moetune.problem import canonical_json
+    from moetune.tuner.replay import _siblings
 
     points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill"])
     down = next(p for p in points if p.kernel == "fp4_prefill.down" and p.routes == 1536)
@@ -146,7 +147,7 @@ def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
 
 
 def test_the_heuristic_hint_can_be_left_out(monkeypatch):
-    from moetune.spec import get_spec
+    from moetune.specs.registry import get_spec
 
     points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill.gate_up"])
     p = next(p for p in points if p.routes == 24576)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from moetune import spec as spec_mod
-from moetune.spec import KernelSpec
+from moetune.kernels import rules
+from moetune.specs import registry as spec_mod
+from moetune.specs.base import KernelSpec
 
 
 class _ThirdParty(KernelSpec):
@@ -28,6 +29,9 @@ def fresh_registry(monkeypatch):
     spec_mod.all_specs()
     monkeypatch.setattr(spec_mod, "_REGISTRY", dict(spec_mod._REGISTRY))
     monkeypatch.setattr(spec_mod, "_LOADED", False)
+    monkeypatch.setattr(rules, "_RULES", dict(rules._RULES))
+    monkeypatch.setattr(rules, "_PLUGINS", None)
+    monkeypatch.setattr(rules, "PLUGIN_ERRORS", {})
 
 
 @pytest.mark.parametrize("exported", [_ThirdParty(), _ThirdParty, [_ThirdParty()]])

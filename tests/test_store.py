@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from moetune.store import COLUMN_NAMES, Store
+from moetune.tuner.store import COLUMN_NAMES, Store
 
 POINT = {"kernel": "k.op", "device_name": "dev", "shape": {"E": 4, "N": 8, "K": 16, "top_k": 2},
          "tokens": 3, "routes": 6, "active_fraction": 1.0, "routing": "uniform"}
@@ -202,7 +202,7 @@ def test_a_gzipped_store_reads_as_the_store(tmp_path):
     that is not gzip names the option."""
     import gzip
 
-    from moetune.store import read_frame
+    from moetune.tuner.store import read_frame
 
     db = tmp_path / "r.sqlite"
     with Store(db) as s:

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from strategy_landscape import SPACE, write_dataset
 
-from moetune.replay import load_points, replay, replay_point
-from moetune.spec import canonical_json
-from moetune.strategies import Observation, SearchContext, get_strategy
-from moetune.strategies.features import Space
-from moetune.strategies.model import GP, _norm_cdf, _norm_pdf
+from moetune.problem import canonical_json
+from moetune.tuner.replay import load_points, replay, replay_point
+from moetune.tuner.strategies import Observation, SearchContext, get_strategy
+from moetune.tuner.strategies.features import Space
+from moetune.tuner.strategies.model import GP, _norm_cdf, _norm_pdf
 
 DATA = "tests/data/toy_landscape.csv.gz"
 ADAPTIVE = ("coordinate", "model")
@@ -219,7 +219,7 @@ def test_default_finds_a_planted_optimum(tmp_path):
     write_dataset(path, points=((16, 8),), seed=11, best=best)
     (p,) = load_points(path)
     assert p.configs[int(np.nanargmin(p.time_ms))] == best
-    from moetune.strategies import DEFAULT_STRATEGY
+    from moetune.tuner.strategies import DEFAULT_STRATEGY
 
     name = DEFAULT_STRATEGY if DEFAULT_STRATEGY in ADAPTIVE else "model"
     runs = replay([p], [name], ["10%"], seeds=10)

@@ -7,7 +7,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from table_picks import boundaries  # noqa: E402
 
-from moetune.spec import canonical_json  # noqa: E402
+from moetune.problem import canonical_json  # noqa: E402
 
 
 def _entry(tokens, cfg):

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_tables_toy import DEVICE, KERNEL, SHAPE, cfg, entry, table, toy_registered  # noqa: F401
 
-from moetune import tables
-from moetune.verify import verify
+from moetune.tables import format as tables
+from moetune.tuner.verify import verify
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -149,7 +149,7 @@ def test_arch_table_merge_lists_every_device_its_entries_came_from():
 
 
 def test_everything_committed_under_configs_passes_the_schema_and_constraints():
-    files, findings = verify([REPO / "configs"], schema_only=True)
+    files, findings = verify([REPO / "moetune" / "configs"], schema_only=True)
     assert [str(f) for f in findings if f.level == "error"] == []
     assert all(f.suffix == ".json" for f in files)
 

@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 
-from moetune import picker, tables
-from moetune import spec as spec_module
-from moetune.spec import KernelSpec, all_specs
+from moetune.kernels import rules
+from moetune.specs import registry as spec_module
+from moetune.specs.base import KernelSpec
+from moetune.specs.registry import all_specs
+from moetune.tables import format as tables
+from moetune.tables import picker
 
 KERNEL = "toy.gemm"
 SHAPE = {"E": 8, "N": 64, "K": 128, "top_k": 2, "dtype": "bfloat16"}
@@ -55,6 +58,7 @@ def toy_registered(monkeypatch):
     """The toy spec in the registry for one test (autouse wherever this fixture is imported)."""
     all_specs()  # the built-in specs first, so loading them later cannot drop the toy
     monkeypatch.setitem(spec_module._REGISTRY, KERNEL, SPEC)
+    monkeypatch.setitem(rules._RULES, KERNEL, SPEC)
     picker.clear_cache()
     yield SPEC
     picker.clear_cache()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from test_tables_toy import DEVICE, SHAPE, SPEC, cfg, entry, put, table, toy_registered  # noqa: F401
 
-from moetune import tables
-from moetune.verify import check_file, recheck, verify
+from moetune.tables import format as tables
+from moetune.tuner.verify import check_file, recheck, verify
 
 
 def errors(findings):

@@ -6,10 +6,11 @@ import time
 import pytest
 import torch
 
-from moetune import worker
 from moetune.device import device_info
 from moetune.models import get_model
-from moetune.spec import Inputs, KernelSpec, get_spec
+from moetune.specs.base import Inputs, KernelSpec
+from moetune.specs.registry import get_spec
+from moetune.tuner import worker
 
 
 def _candidate(kernel, problem):
@@ -129,7 +130,7 @@ def test_a_far_slower_probe_is_the_reading_and_nothing_is_captured(monkeypatch):
 
     import crashy_spec  # noqa: F401  (registers test.crashy)
 
-    from moetune import timing
+    from moetune.tuner import timing
 
     spec = get_spec("test.crashy")
     monkeypatch.setattr(spec, "cuda_graph", True)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from moetune.device import INTERPRETER, DeviceInfo
-from moetune.problems import (
+from moetune.specs.registry import all_specs
+from moetune.tuner.problems import (
     DECODE_ACTIVE,
     DECODE_TOKENS,
     PREFILL_ROUTES,
@@ -12,7 +13,6 @@ from moetune.problems import (
     parse_shape,
     resolve_kernels,
 )
-from moetune.spec import all_specs
 
 GPU = DeviceInfo("NVIDIA H200", "sm_90", 132, 232448, 60 * 2**20, True)
 
@@ -115,7 +115,7 @@ def test_points_with_equal_constraint_keys_share_one_plan_equal_to_their_own(fam
     """The sweep constrains the space once per distinct constraint key; each point's candidates are
     exactly what planning it alone gives."""
     from moetune.models import get_model
-    from moetune.sweep import plan_point, plan_points
+    from moetune.tuner.sweep import plan_point, plan_points
 
     h200 = DeviceInfo("NVIDIA H200", "sm_90", 132, 227 * 1024, 60 << 20, True)
     problems = []
@@ -134,6 +134,6 @@ def test_points_with_equal_constraint_keys_share_one_plan_equal_to_their_own(fam
     distinct = {id(p.keys) for p in shared}
     assert 1 < len(distinct) < len(shared)
     # a spec that does not say what its constraint reads shares nothing
-    from moetune.spec import KernelSpec
+    from moetune.specs.base import KernelSpec
 
     assert len({KernelSpec.constraint_key(pt.spec, pt.problem) for pt in shared}) == len(shared)

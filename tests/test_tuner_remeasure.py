@@ -3,9 +3,9 @@
 import crashy_spec
 
 from moetune.models import get_model
-from moetune.runner import Runner
-from moetune.store import Store
-from moetune.sweep import REMEASURE, Sweep
+from moetune.tuner.runner import Runner
+from moetune.tuner.store import Store
+from moetune.tuner.sweep import REMEASURE, Sweep
 
 WIDE = crashy_spec.STEADY_WIDE
 

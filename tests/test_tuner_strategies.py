@@ -3,9 +3,10 @@
 import pytest
 
 from moetune.device import INTERPRETER
-from moetune.spec import canonical_json, get_spec
-from moetune.strategies import Observation, SearchContext, get_strategy
-from moetune.sweep import plan_point
+from moetune.problem import canonical_json
+from moetune.specs.registry import get_spec
+from moetune.tuner.strategies import Observation, SearchContext, get_strategy
+from moetune.tuner.sweep import plan_point
 
 
 @pytest.fixture
@@ -83,7 +84,7 @@ def test_exhaustive_measures_the_warm_starts_among_its_candidates_first(point):
 def test_fixed_orders_look_at_each_candidate_once_per_search(point, name, monkeypatch):
     """A batch continues where the last one stopped: no candidate's key is computed again per batch
     (a 14304-candidate exhaustive sweep spent more time rescanning its order than measuring)."""
-    from moetune.strategies import base
+    from moetune.tuner.strategies import base
 
     keys = [canonical_json(c) for c in point.candidates]
     s = get_strategy(name)

@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 
 from moetune.models import get_model
-from moetune.runner import Runner
-from moetune.spec import all_specs, canonical_json
-from moetune.store import STATUSES, Store
-from moetune.sweep import Sweep
+from moetune.problem import canonical_json
+from moetune.specs.registry import all_specs
+from moetune.tuner.runner import Runner
+from moetune.tuner.store import STATUSES, Store
+from moetune.tuner.sweep import Sweep
 
 TESTS = Path(__file__).parent
 BUILTIN = [s.name for s in all_specs() if type(s).__module__.startswith("moetune.specs.")]
@@ -226,7 +227,7 @@ def test_other_ops_of_a_path_warm_start_each_other_at_the_same_density(tmp_path)
     """test.steady and test.steady_wide are two ops of one path ("test"): what one found at a density is
     a hint for the other there (as its candidate), not at other densities. The same op's winners at
     other densities follow (this sweep's, then the store's)."""
-    from moetune.sweep import as_sibling_hint, full_config
+    from moetune.tuner.sweep import as_sibling_hint, full_config
 
     shape = crashy_spec.STEADY.shape_from_model(get_model("tiny"))
     problems = [crashy_spec.STEADY.problem(shape, 1), crashy_spec.STEADY_WIDE.problem(shape, 1),

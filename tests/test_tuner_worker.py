@@ -3,8 +3,8 @@
 import pytest
 from triton.runtime.errors import OutOfResources
 
-from moetune.timing import roofline_frac, summarize
-from moetune.worker import classify, describe
+from moetune.tuner.timing import roofline_frac, summarize
+from moetune.tuner.worker import classify, describe
 
 CUDA_TEXT = ("CUDA error: an illegal memory access was encountered\n"
              "CUDA kernel errors might be asynchronously reported at some other API call\n"
@@ -35,7 +35,7 @@ def test_describe_keeps_the_telling_line():
 
 
 def test_a_wide_reading_is_taken_again_and_the_steadiest_kept():
-    from moetune.timing import TimingOptions, steadiest
+    from moetune.tuner.timing import TimingOptions, steadiest
 
     readings = iter([([1.0, 1.3, 1.0, 1.6, 1.0], 1), ([1.0, 1.0, 1.01, 1.0, 1.0], 2), ([9.0] * 5, 1)])
     stats, (samples, per), spent, n = steadiest(lambda: next(readings), TimingOptions(retime_spread=0.05))
@@ -65,7 +65,7 @@ def test_roofline_frac():
 
 
 def test_far_slower_candidates_keep_their_first_samples():
-    from moetune.timing import TimingOptions, _runs_for, steadiest
+    from moetune.tuner.timing import TimingOptions, _runs_for, steadiest
 
     opts = TimingOptions(target_ms=10.0, min_runs=10, max_runs=100, slow_ratio=1.5)
     assert _runs_for(0.2, opts) == 50  # no best yet: as many runs as the target time allows
@@ -85,7 +85,7 @@ def test_far_slower_candidates_keep_their_first_samples():
 def test_compile_only_turns_launches_into_warmups(monkeypatch):
     from triton.runtime.jit import JITFunction
 
-    from moetune.worker import compile_only
+    from moetune.tuner.worker import compile_only
 
     seen = []
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, grid, warmup, **kw: seen.append(warmup))

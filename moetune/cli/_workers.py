@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-from .sweep import STATUS_STYLE, Display
+from moetune.cli.sweep import STATUS_STYLE, Display
 
 FAILED = ("compile_error", "crash", "timeout", "invalid")
 

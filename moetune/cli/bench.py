@@ -8,8 +8,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from . import app
-from ._common import console, fail, split_list, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, fail, split_list, user_errors
 
 
 def _ms(v: float | None) -> str:
@@ -39,7 +39,7 @@ def _point(row: dict[str, Any]) -> str:
 
 def bench_tables(result: Any) -> list[Table]:
     """One table per (kernel, shape), rows in density order as measured."""
-    from ..bench import accuracy_text, shape_text
+    from moetune.tuner.bench import accuracy_text, shape_text
 
     where = f"{result.device.name} ({result.device.arch})" if result.meaningful else \
         "the Triton interpreter (times are meaningless)"
@@ -87,8 +87,8 @@ def bench(
                                                     "shares or fuses them (per-kernel figures)")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
-    from ..bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
-    from ..runner import Runner
+    from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
+    from moetune.tuner.runner import Runner
 
     kernels = [k for item in kernel or [] for k in split_list(item)]
     with user_errors():  # every check before a worker starts

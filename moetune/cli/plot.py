@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from . import app
-from ._common import console, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, user_errors
 
 
 @app.command()
@@ -28,7 +28,7 @@ def plot(
 ) -> None:
     """Plot default / heuristic / tuned time versus density and a heat map of the best time per
     (BLOCK_SIZE_M or first tile parameter, density); prints the written paths."""
-    from ..plots import make_plots, model_shape_key, shape_key
+    from moetune.tuner.plots import make_plots, model_shape_key, shape_key
 
     with user_errors():
         if model is not None and shape is not None:

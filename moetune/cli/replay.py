@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from . import app
-from ._common import console, split_list, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, split_list, user_errors
 
 
 def _table(title: str, frame, columns: dict[str, str]) -> Table:
@@ -75,7 +75,7 @@ def replay(
     import shlex
     import sys
 
-    from .. import replay as rp
+    from moetune.tuner import replay as rp
 
     with user_errors():
         if noise < 0:

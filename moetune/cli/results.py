@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from . import app
-from ._common import console, fail, split_list, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, fail, split_list, user_errors
 
 SHOWN = ("id", "kernel", "tokens", "routes", "active_fraction", "status", "time_ms", "spread",
          "roofline_frac", "config", "reason")
@@ -17,7 +17,7 @@ SHOWN = ("id", "kernel", "tokens", "routes", "active_fraction", "status", "time_
 
 def select(frame, kernel: list[str], status: list[str], device: str | None):
     """Rows of ``frame`` for the given ops (or families), statuses and device name (case-insensitive)."""
-    from ..store import STATUSES
+    from moetune.tuner.store import STATUSES
 
     bad = [s for s in status if s not in STATUSES]
     if bad:
@@ -44,7 +44,7 @@ def results(
     limit: Annotated[int, typer.Option(help="rows to print (the newest); 0 prints only counts")] = 30,
 ) -> None:
     """List measurements in the store (pandas underneath), filtered; optionally export them."""
-    from ..store import read_frame
+    from moetune.tuner.store import read_frame
 
     with user_errors():
         frame = select(read_frame(db, "--db"), split_list(kernel), split_list(status), device)

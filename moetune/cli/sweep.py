@@ -22,8 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from . import app
-from ._common import console, fail, split_list, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, fail, split_list, user_errors
 
 STATUS_STYLE = {"ok": "green", "inaccurate": "yellow", "compile_error": "magenta", "crash": "red",
                 "timeout": "red", "invalid": "dim"}
@@ -177,13 +177,13 @@ def sweep(
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
-    from ..device import device_info
-    from ..parallel import make_runner
-    from ..problems import build_plan
-    from ..store import Store
-    from ..strategies import DEFAULT_STRATEGY, get_strategy
-    from ..sweep import Sweep, check_retry, load_starts, plan_points
-    from ._workers import WorkerDisplay
+    from moetune.cli._workers import WorkerDisplay
+    from moetune.device import device_info
+    from moetune.tuner.parallel import make_runner
+    from moetune.tuner.problems import build_plan
+    from moetune.tuner.store import Store
+    from moetune.tuner.strategies import DEFAULT_STRATEGY, get_strategy
+    from moetune.tuner.sweep import Sweep, check_retry, load_starts, plan_points
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         device = device_info()

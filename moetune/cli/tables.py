@@ -9,8 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from . import app
-from ._common import console, err_console, fail, split_list, user_errors
+from moetune.cli import app
+from moetune.cli._common import console, err_console, fail, split_list, user_errors
+from moetune.tables.picker import PACKAGED
 
 _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
           "num_warps": "w", "num_stages": "s"}
@@ -32,7 +33,8 @@ def _num(x, fmt: str) -> str:
 def export(
     db: Annotated[list[Path] | None, typer.Option(
         help="results store(s) to read; repeat to pool several [default: results/moetune.sqlite]")] = None,
-    out: Annotated[Path, typer.Option(help="tables root to write into")] = Path("configs"),
+    out: Annotated[Path, typer.Option(help="tables root to write into (default: the packaged tables)")] = (
+        PACKAGED),
     kernel: Annotated[list[str] | None, typer.Option(
         help="kernel op(s) or families to export (repeat or comma-separate); default all")] = None,
     device: Annotated[str | None, typer.Option(help="only measurements from this device name")] = None,
@@ -40,7 +42,7 @@ def export(
         help="device whose results fill the arch tables (default: the most measured one)")] = None,
 ) -> None:
     """Write the best accurate config per (device, shape, density) from the store into tables."""
-    from ..export import export as run_export
+    from moetune.tuner.export import export as run_export
 
     kernels = [k for item in kernel or [] for k in split_list(item)]
     with user_errors():
@@ -76,9 +78,9 @@ def show(
     arch: Annotated[str | None, typer.Option(help="only tables of this arch (with --kernel)")] = None,
 ) -> None:
     """A table's entries: density, config, time, default's time, speedup, error, roofline fraction."""
-    from .. import tables
-    from ..picker import config_dirs
-    from ..verify import table_files
+    from moetune.tables import format as tables
+    from moetune.tables.picker import config_dirs
+    from moetune.tuner.verify import table_files
 
     with user_errors():
         if paths:
@@ -123,10 +125,10 @@ def pick(
     as_json: Annotated[bool, typer.Option("--json", help="print the answer as JSON")] = False,
 ) -> None:
     """The config the kernels would use at this point, and where it comes from."""
-    from ..models import get_model
-    from ..picker import pick_config_with_source
-    from ..problems import parse_shape
-    from ..spec import get_spec
+    from moetune.models import get_model
+    from moetune.specs.registry import get_spec
+    from moetune.tables.picker import pick_config_with_source
+    from moetune.tuner.problems import parse_shape
 
     with user_errors():
         spec = get_spec(kernel)
@@ -156,10 +158,10 @@ def verify(
         help="static checks only: schema, file place, kernel constraints")] = False,
 ) -> None:
     """Check tables against the schema and kernel constraints; on a GPU also re-run every entry."""
-    from ..verify import verify as run_verify
+    from moetune.tuner.verify import verify as run_verify
 
     with user_errors():
-        files, findings = run_verify(paths or [Path("configs")], schema_only=schema_only)
+        files, findings = run_verify(paths or [PACKAGED], schema_only=schema_only)
     for f in findings:
         style = "red" if f.level == "error" else "yellow"
         err_console.print(f"[{style}]{f.level}:[/] {f}", highlight=False, soft_wrap=True)

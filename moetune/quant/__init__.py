@@ -1,8 +1,8 @@
 """Quantizers for the formats the kernels consume (pure torch, any device)."""
 
-from .fp8_act import quantize_fp8_act
-from .fp8_block import dequantize_fp8_block, quantize_fp8_block
-from .mxfp4 import dequantize_mxfp4, pad_mxfp4_k, quantize_mxfp4
+from moetune.quant.fp8_act import quantize_fp8_act
+from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from moetune.quant.mxfp4 import dequantize_mxfp4, pad_mxfp4_k, quantize_mxfp4
 
 __all__ = [
     "quantize_fp8_block", "dequantize_fp8_block",

@@ -13,80 +13,38 @@ the sum of its partials, which the layer folds into the next kernel instead.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import triton
 
-from ..device import DeviceInfo
-from ..kernels import fp8_decode as F
-from ..models import ModelPreset
-from ..quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
-from ..routing import make_routes
-from ..spec import Config, Inputs, KernelSpec, Problem, canonical_json, fewer_experts, register
-from ._routed_reference import routed_matmul
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-_ROUTE_PROGRAMS = 512  # route path, long K: below this grid size, split K (H200: 4 splits at 1 token)
-_SM90_PROGRAMS = 264  # the same on sm_90 with A_FP8 2 tiles (BN 64): two programs per H200 SM
-_SM90_GEMV_ROWS = 4096  # sm_90, long K: output rows (routes x N) up to which one W8A16 GEMV launch wins
+from moetune.device import DeviceInfo
+from moetune.kernels.fp8_decode import layer as F
+from moetune.kernels.fp8_decode.config import DTYPES, GEMM_DEFAULT, Fp8DecodeRules, gemm_shapes
+from moetune.models import ModelPreset
+from moetune.problem import Config, Problem, canonical_json
+from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
+from moetune.routing import make_routes
+from moetune.specs._routed_reference import routed_matmul
+from moetune.specs.base import Inputs, KernelSpec, fewer_experts
 
 _WEIGHT_CHUNK_BYTES = 1 << 30  # DeepSeek-V3 at TP 1 draws 30 GB of fp32 gate/up weights otherwise
 
 
-def _next_pow2(v: int) -> int:
-    """triton.next_power_of_2 without its JIT-function call overhead (planning calls it ~10^6 times)."""
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
-class _Fp8DecodeGemm(KernelSpec):
-    gemm = ""
-    space = {
-        "ALGO": list(F.ALGOS),
-        "BLOCK_SIZE_M": [16, 32, 64],
-        "BLOCK_SIZE_N": [16, 32, 64, 128, 256],
-        "BLOCK_SIZE_K": [128, 256, 512],
-        "SPLIT_K": [1, 2, 4, 8, 16],
-        "SWAP_AB": [0, 1],
-        "A_FP8": [0, 1, 2],
-        "PREFETCH": [0, 1],
-        "W_TMA": [0, 1],
-        "GEMV_STAGES": [1, 2, 3, 4],
-        "num_warps": [2, 4, 8],
-        "num_stages": [1, 2, 3, 4],
-    }
-    default = dict(F.GEMM_DEFAULT)
-    shape_defaults = {"dtype": "bfloat16"}
+class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
     tolerance = 1e-2
     cuda_graph = True
     weight_format = "fp8_block"
 
     # ---- shapes -------------------------------------------------------------------------------
-    def normalize_shape(self, shape: Mapping[str, Any]) -> dict[str, Any]:
-        out = super().normalize_shape(shape)
-        if out["dtype"] not in DTYPES:
-            raise ValueError(f"{self.name}: shape field dtype must be one of {sorted(DTYPES)}, "
-                             f"got {out['dtype']!r}")
-        if out["top_k"] > out["E"]:
-            raise ValueError(f"{self.name}: top_k {out['top_k']} exceeds E {out['E']}")
-        return out
-
-    def _nk(self, hidden: int, inter: int) -> tuple[int, int]:
-        return (2 * inter, hidden) if self.gemm == "gate_up" else (hidden, inter)
-
     def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
         e, inter = model.per_rank(tp, ep)
-        n, k = self._nk(model.hidden, inter)
-        return {"E": e, "N": n, "K": k, "top_k": model.top_k, "dtype": "bfloat16"}
+        return gemm_shapes(e, model.hidden, inter, model.top_k, "bfloat16")[self.gemm]
 
     # ---- configs ------------------------------------------------------------------------------
-    def check_config(self, config: Mapping[str, Any]) -> None:
-        super().check_config(config)
-        F.check_gemm_config(config, self.name)
-
     # Keys one design ignores or refuses: tl.dot's on the W8A16 GEMV, the GEMV's own on the tl.dot paths.
-    _DOT_ONLY = {"BLOCK_SIZE_M": F.GEMM_DEFAULT["BLOCK_SIZE_M"], "SWAP_AB": 0, "W_TMA": 0, "num_stages": 1}
+    _DOT_ONLY = {"BLOCK_SIZE_M": GEMM_DEFAULT["BLOCK_SIZE_M"], "SWAP_AB": 0, "W_TMA": 0, "num_stages": 1}
     _GEMV_ONLY = {"PREFETCH": 0, "GEMV_STAGES": 1}
 
     def candidates(self) -> Iterator[Config]:
@@ -126,7 +84,7 @@ class _Fp8DecodeGemm(KernelSpec):
           far. It is 42% of the binaries of DeepSeek-V3 TP8 gate/up at 16 tokens."""
         if device.arch != "sm_90":
             return None
-        cfg = {**F.GEMM_DEFAULT, **config}
+        cfg = {**GEMM_DEFAULT, **config}
         if cfg["ALGO"] == "grouped" and cfg["A_FP8"] == 0:
             return "dominated on sm_90: grouped with bf16 tensor cores (A_FP8 0)"
         if cfg["PREFETCH"]:
@@ -143,117 +101,9 @@ class _Fp8DecodeGemm(KernelSpec):
         """Fewer experts: the GEMMs see E only through the grouped path's M-block count, unspecialized."""
         return fewer_experts(problem)
 
-    def _bm_bound(self, problem: Problem) -> int:
-        """The largest BLOCK_SIZE_M worth a candidate for the tl.dot algorithms: the routes rounded up to
-        a power of two and, with uniform routing, 8x the routes per expert rounded up (at least 16).
-        Larger M blocks are mostly padding: in the H200 stores (398 fp8 points, several models) M 32
-        came within 3% of a point's best only at 4+ routes per expert and M 64 never."""
-        bound = max(16, _next_pow2(problem.routes))
-        if problem.routing == "uniform":
-            bound = min(bound, max(16, 8 * _next_pow2(-(-problem.routes // problem.shape["E"]))))
-        return min(max(self.space["BLOCK_SIZE_M"]), bound)
-
     def constraint_key(self, problem: Problem) -> tuple:
         """The constraint reads the shape and, for BLOCK_SIZE_M, its bound (``_bm_bound``)."""
         return problem.kernel, problem.shape_key, self._bm_bound(problem)
-
-    def constraint(self, config: Config, problem: Problem, device: DeviceInfo) -> str | None:
-        reason = super().constraint(config, problem, device)
-        if reason:
-            return reason
-        cfg = {**F.GEMM_DEFAULT, **config}
-        n, k = problem.shape["N"], problem.shape["K"]
-        bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-        if cfg["FUSE"]:
-            return "FUSE is a layer option (activation / top_k sum fused in), not a GEMM config"
-        if cfg["ALGO"] == "route" and bm != F.GEMM_DEFAULT["BLOCK_SIZE_M"]:
-            return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
-        if cfg["ALGO"] == "route" and not cfg["A_FP8"] and cfg["num_stages"] != 1:
-            # the kernel's num_stages pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the
-            # same sm_90 binary for every value here (tests/test_fp8_specs.py compiles them to check);
-            # the GEMV's own pipeline depth is GEMV_STAGES
-            return "num_stages does not change the W8A16 GEMV (GEMV_STAGES does); it keeps 1"
-        if cfg["W_TMA"] and k % 16:  # its row stride, in fp8 bytes
-            return f"W_TMA: TMA needs 16-byte aligned weight rows, K {k} is not a multiple of 16"
-        if bn > max(16, _next_pow2(n)):
-            return f"BLOCK_SIZE_N {bn} is wider than N {n}"
-        if bk > max(128, _next_pow2(k)):
-            return f"BLOCK_SIZE_K {bk} is longer than K {k}"
-        k_blocks = -(-k // bk)  # not triton.cdiv: a JIT-function call per candidate slows planning
-        if cfg["SPLIT_K"] > k_blocks:
-            return f"SPLIT_K {cfg['SPLIT_K']} exceeds the {k_blocks} K blocks"
-        if cfg["ALGO"] != "route" and bm > self._bm_bound(problem):
-            return (f"BLOCK_SIZE_M {bm} is over {self._bm_bound(problem)} for {problem.routes} routes on "
-                    f"{problem.shape['E']} experts (M blocks of mostly padding)")
-        a_bytes = DTYPES[problem.shape["dtype"]].itemsize
-        if cfg["A_FP8"] == 2:  # pre-split activations: two fp8 terms and the fp8 weights per stage, no
-            # converted operand; route runs one-route tl.dot blocks of 16 rows
-            smem = cfg["num_stages"] * (2 * (16 if cfg["ALGO"] == "route" else bm) * bk + bk * bn)
-        elif F._plain_gemv(cfg):  # GEMV_STAGES - 1 weight and activation tiles staged ahead (sm_90, 3.6)
-            smem = (cfg["GEMV_STAGES"] - 1) * (bn * bk + bk * a_bytes)
-        elif cfg["ALGO"] == "route":  # weight tile per stage, and with A_FP8 1 the 16-row activation tile
-            # it splits (BN128 BK512, 3 stages: 233472 B on sm_90, Triton 3.6, over the limit)
-            smem = cfg["num_stages"] * (bn * bk + (16 * bk * a_bytes if cfg["A_FP8"] == 1 else 0))
-        else:  # activation + fp8 weight tiles per stage, plus the converted operand
-            smem = cfg["num_stages"] * (bm * bk * a_bytes + bk * bn) + 128 * bn * a_bytes
-        if smem > device.max_shared_mem:
-            return f"shared memory estimate {smem} B exceeds the device's {device.max_shared_mem} B"
-        return None
-
-    def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
-        """Fallback from the H200 runs (results/fp8_decode.md). Up to ~1 row per expert the GEMV
-        ("route") wins: most experts get one route, so grouping saves few weight reads and the
-        grouped path's routing launch costs more; split-K only where the grid would be small.
-        Above, "grouped" shares each expert's weight reads across its routes.
-
-        sm_90 only, from session 4's DeepSeek-V3 TP8 run (E 256; gate/up K 7168, down K 256): activations
-        split once into two fp8 terms (A_FP8 2) won every point but the short-K down GEMM at 1 and 4
-        tokens. Short K: the W8A16 GEMV at 1 and 4 tokens (8.5, 23.0 us), grouped SWAP_AB A_FP8 2 at
-        16 and 64 (64.1, 139.0 us); the edge at a quarter row per expert is a guess halfway (in log)
-        between those points. Long K, revised on session 5's exhaustive reference slices (DeepSeek-V3
-        and Qwen3-30B-A3B, K 7168 and 2048, at 1, 16 and 64 tokens; results/reference/): the one-route
-        tl.dot (route, BN64 BK128) with split-K only until the grid has two programs per SM (S8 at
-        DeepSeek-V3's 1 token, S1 at 16), 4 stages up to S2; grouped SWAP_AB BN64 BK256 above one row
-        per expert. Against each point's best, this picks 1.000-1.054x at those six gate/up points
-        (session 4's rule: 1.048-1.56x, worst at Qwen's 16 tokens, where S8 split a 2048-long K into
-        2-block slices). Session 12: with the GEMV's in-thread partial sums, the one-launch W8A16 GEMV
-        (BN32 BK512 S4, 8 warps) beat that pick where a launch's output is at most 4096 rows (DeepSeek-V3
-        gate/up at 1 token: 12.76 against 14.94 us; at 2 tokens the two were within 3%, so the rule stops
-        at 1). fp8 tensor-core dots need sm_89+, and other archs are unmeasured, so they keep session 1's
-        rules."""
-        n, k, e = shape["N"], shape["K"], shape["E"]
-        if arch == "interpreter":  # fewest programs: the interpreter pays per program
-            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, triton.next_power_of_2(n))),
-                    "BLOCK_SIZE_K": 256 if k > 128 else 128}
-        long_k = k >= 2048
-        if arch == "sm_90":
-            if long_k and routes * n <= _SM90_GEMV_ROWS:
-                # one launch, no activation split: where the launch is a large share of the time
-                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512, "SPLIT_K": 4,
-                        "num_warps": 8}
-            if long_k and routes <= e:
-                split = 1  # enough programs for two waves on 132 SMs, no more: a split re-reads nothing
-                while split < 8 and routes * triton.cdiv(n, 64) * split < _SM90_PROGRAMS \
-                        and 2 * split * 128 <= k:
-                    split *= 2
-                return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split,
-                        "A_FP8": 2, "num_stages": 4 if split <= 2 else 3}
-            if long_k:
-                return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
-                        "BLOCK_SIZE_K": 256, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 3}
-            if 4 * routes > e:
-                return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128,
-                        "BLOCK_SIZE_K": 128, "SWAP_AB": 1, "A_FP8": 2, "num_stages": 3}
-        if routes <= e:
-            bk, split = (256 if k > 128 else 128), 1
-            if long_k:
-                split = max(1, min(4, _ROUTE_PROGRAMS // (max(1, routes) * triton.cdiv(n, 128))))
-                bk = 512 if split > 1 and k >= 4096 else bk
-            split = min(split, triton.cdiv(k, bk))
-            return {**F.GEMM_DEFAULT, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": bk, "SPLIT_K": split,
-                    "num_warps": 8}
-        return {**F.GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
-                "BLOCK_SIZE_K": 256 if long_k else 128, "SPLIT_K": 2 if long_k else 1, "num_stages": 3}
 
     # ---- running ------------------------------------------------------------------------------
     def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:
@@ -316,7 +166,7 @@ class _Fp8DecodeGemm(KernelSpec):
         if config.get("ALGO") != "grouped" or not inputs.extra.get("kernel_only"):
             return None
         cache = inputs.extra.setdefault("aligned", {})
-        bm = config.get("BLOCK_SIZE_M", F.GEMM_DEFAULT["BLOCK_SIZE_M"])
+        bm = config.get("BLOCK_SIZE_M", GEMM_DEFAULT["BLOCK_SIZE_M"])
         if bm not in cache:
             t = inputs.tensors
             cache[bm] = F.align_routes(t["topk_ids"].reshape(-1), t["w"].shape[0], bm)
@@ -380,5 +230,4 @@ class Fp8DecodeDown(_Fp8DecodeGemm):
     description = "FP8 128x128 block-scale MoE decode, down GEMM (A row = route, routing weight applied)"
 
 
-register(Fp8DecodeGateUp())
-register(Fp8DecodeDown())
+SPECS = (Fp8DecodeGateUp(), Fp8DecodeDown())
