@@ -36,6 +36,10 @@ TOP_KEYS = ("format", "version", "kernel", "arch", "device", "device_names", "sh
             "strategy", "candidates", "versions", "date", "entries")
 ENTRY_KEYS = ("density", "config", "time_ms", "default_ms", "speedup", "spread", "error", "roofline_frac",
               "tokens", "routes", "active_fraction", "routing", "points", "device", "triton", "date")
+# A table is a few KB (the largest shipped one is about 22 KB); anything far larger is refused before it
+# is parsed, so a hostile or runaway file cannot stall the first pick of a process.
+MAX_TABLE_BYTES = 1 << 20
+MAX_ENTRIES = 4096
 _CORE_SHAPE = (("E", "E"), ("N", "N"), ("K", "K"), ("top_k", "topk"))
 _NAME_RE = re.compile(r"^[a-z0-9_]+$")
 _KERNEL_RE = re.compile(r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$")
@@ -140,16 +144,26 @@ def field_name(parts) -> str:
 
 def loads(text: str, path: str | os.PathLike = "<table>") -> dict[str, Any]:
     """Parse and validate a table; TableError naming ``path`` and the field on any problem."""
+    if len(text) > MAX_TABLE_BYTES:
+        raise TableError(path, "(file)", f"{len(text)} characters; a table is at most {MAX_TABLE_BYTES}")
     try:
         doc = json.loads(text, parse_constant=_refuse_constant)
     except ValueError as e:
         raise TableError(path, "(file)", f"not valid JSON: {e}") from None
-    validate(doc, path)
+    except RecursionError:
+        raise TableError(path, "(file)", "JSON nested too deeply") from None
+    try:
+        validate(doc, path)
+    except RecursionError:
+        raise TableError(path, "(file)", "JSON nested too deeply") from None
     return doc
 
 
 def read(path: str | os.PathLike) -> dict[str, Any]:
     try:
+        size = os.stat(path).st_size
+        if size > MAX_TABLE_BYTES:
+            raise TableError(path, "(file)", f"{size} bytes; a table is at most {MAX_TABLE_BYTES}")
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TableError(path, "(file)", f"cannot read: {e}") from None
@@ -165,6 +179,9 @@ def validate(doc: Any, path: str | os.PathLike = "<table>") -> None:
     if doc.get("version") != VERSION:
         raise TableError(path, "version", f"this moetune reads table version {VERSION}, "
                                           f"got {doc.get('version')!r}")
+    entries = doc.get("entries")
+    if isinstance(entries, list) and len(entries) > MAX_ENTRIES:
+        raise TableError(path, "entries", f"{len(entries)} entries; a table holds at most {MAX_ENTRIES}")
     validator = _validator()
     errors = list(validator.iter_errors(doc)) if validator is not None else []
     if errors:

@@ -200,7 +200,7 @@ def _load(path: str) -> dict | None:
                 rules.check_config(entry["config"])
             except ValueError as e:
                 raise tables.TableError(path, f"entries[{i}].config", str(e)) from None
-    except ValueError as e:  # TableError, unknown kernel
+    except Exception as e:  # TableError, unknown kernel, or anything else a file's content provokes
         _warn_once(path, f"ignoring table: {e}")
         return None
     doc["_logd"] = [math.log(e["density"]) for e in doc["entries"]]

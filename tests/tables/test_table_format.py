@@ -12,7 +12,7 @@ from test_tables_toy import DEVICE, KERNEL, SHAPE, cfg, entry, table, toy_regist
 from moetune.tables import format as tables
 from moetune.tuner.verify import verify
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_shape_stem_is_stable_and_documented_form():
