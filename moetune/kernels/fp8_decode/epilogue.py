@@ -51,7 +51,7 @@ def _gated_act_kernel(
     inactive routes get zeros, unread. Formulas as in moetune.kernels.activations
     (0 silu, 1 gelu_tanh, 2 swiglu).
 
-    SPLIT_OUT also writes A_FP8 2's split of ``out`` (``_split_rows_kernel``'s terms of the values as
+    SPLIT_OUT also writes A_FP8 2's split of ``out`` (``split._split_rows_kernel``'s terms of the values as
     stored, to the bit) into hi, lo [R, I] and sa [R, chunks]: the down GEMM's input without a launch
     of its own. BLOCK is a multiple of 128 or covers all of I."""
     pdl_enter(PDL)
