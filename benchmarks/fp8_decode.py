@@ -38,7 +38,12 @@ import torch
 import triton
 import triton.language as tl
 
-from moetune.kernels.fp8_decode import layer as F
+from moetune.kernels.fp8_decode.align import ALIGN_METHODS, align_routes
+from moetune.kernels.fp8_decode.config import GEMMS, check_gemm_config
+from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.layer import decode_moe_into, layer_buffers
+from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
+from moetune.kernels.fp8_decode.split import split_fp8_rows
 from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
 from moetune.routing import make_routes
 
@@ -83,7 +88,7 @@ FUSED = {"gate_up": [cfg("route", 16, 512, 1, 4, 3, fuse=1), cfg("route", 32, 25
 
 
 def label(c):
-    c = F.check_gemm_config(c)
+    c = check_gemm_config(c)
     a8 = {1: "+a8", 2: "+a8split"}.get(c["A_FP8"], "")
     flags = "".join(f for f, on in (("+swap", c["SWAP_AB"]), (a8, a8), ("+fuse", c["FUSE"]),
                                     ("+prefetch", c["PREFETCH"])) if on)
@@ -202,8 +207,8 @@ def ref_gemm(a, w, s, ids, rw, a_row_div):
 
 def layer_variants(tokens, best, N13, K13, N2, K2, shrink):
     """name -> per-GEMM configs for the layer timing."""
-    g = {gm: [shrink(c, gm) for c in FUSED[gm]] for gm in F.GEMMS}
-    out = {"old": {gm: shrink(OLD[(gm, tokens)], gm) for gm in F.GEMMS}}
+    g = {gm: [shrink(c, gm) for c in FUSED[gm]] for gm in GEMMS}
+    out = {"old": {gm: shrink(OLD[(gm, tokens)], gm) for gm in GEMMS}}
     if best:
         out["new"] = dict(best)
         out["new+pdl"] = {**best, "pdl": True}  # every launch with programmatic dependent launch
@@ -239,7 +244,7 @@ def run(b: Bench, args):
         acts = [torch.randn(R, I, generator=gen).to(dev, torch.bfloat16) for _ in range(b.reps)]
         best: dict[str, dict] = {}
         # ---- (b) each GEMM alone ----
-        for gemm in F.GEMMS:
+        for gemm in GEMMS:
             w, s = (w13, s13) if gemm == "gate_up" else (w2, s2)
             N, K = dims[gemm]
             a_list = xs if gemm == "gate_up" else acts
@@ -267,17 +272,17 @@ def run(b: Bench, args):
                 row = dict(tokens=tokens, gemm=gemm, kind=kind, config=label(c) + tag,
                            floor_us=nbytes / BW * 1e6)
                 try:
-                    cc = F.check_gemm_config(c)
+                    cc = check_gemm_config(c)
                     outs = [torch.empty(cc["SPLIT_K"], R, N, device=dev) for _ in range(b.reps)]
                     grouped = cc["ALGO"] == "grouped"
-                    aligned = [F.align_routes(ids, E, cc["BLOCK_SIZE_M"]) if grouped else None
+                    aligned = [align_routes(ids, E, cc["BLOCK_SIZE_M"]) if grouped else None
                                for ids, _ in sets]
-                    splits = [F.split_fp8_rows(a) if kern else None for a in a_list]
+                    splits = [split_fp8_rows(a) if kern else None for a in a_list]
 
                     def call(i, cc=cc, outs=outs, aligned=aligned, splits=splits, w=w, s=s, a_list=a_list,
                              div=div, gemm=gemm, sets=sets, pdl=pdl):
                         ids, rw = sets[i]
-                        F.fp8_block_gemm(a_list[i], w, s, ids, outs[i], cc, a_row_div=div, aligned=aligned[i],
+                        fp8_block_gemm(a_list[i], w, s, ids, outs[i], cc, a_row_div=div, aligned=aligned[i],
                                          topk_weights=rw if gemm == "down" else None, a_split=splits[i],
                                          pdl=pdl)
 
@@ -298,12 +303,12 @@ def run(b: Bench, args):
                 b.log(f"t={tokens:3d} {gemm:7s} {kind:3s} {row['config']:44s} "
                       + (f"{row['us']:8.2f} us {row['roofline']:6.1%}  err {row['err']:.1e}" if "us" in row
                          else row.get("status", "")))
-        for method in F.ALIGN_METHODS:  # the grouped path's routing step, paid once per layer
+        for method in ALIGN_METHODS:  # the grouped path's routing step, paid once per layer
             try:
-                pairs = [(F.align_routes(ids, E, 16, "onehot"), F.align_routes(ids, E, 16, method))
+                pairs = [(align_routes(ids, E, 16, "onehot"), align_routes(ids, E, 16, method))
                          for ids, _ in sets]
                 same = all(torch.equal(p, q) for one, other in pairs for p, q in zip(one, other, strict=True))
-                us = b.time_graph(lambda i, sets=sets, m=method: F.align_routes(sets[i][0], E, 16, m))
+                us = b.time_graph(lambda i, sets=sets, m=method: align_routes(sets[i][0], E, 16, m))
             except Exception as e:
                 same, us = f"error {type(e).__name__}: {str(e).splitlines()[0][:160]}", float("nan")
             b.log(f"t={tokens:3d} align_routes BM16 {method}: {us:.2f} us  same as onehot: {same}")
@@ -320,7 +325,7 @@ def run(b: Bench, args):
             if not b.time_left(f"t={tokens} layer {vname}", need=3.0):
                 break
             pdl = conf.get("pdl", False)
-            conf = {gm: F.check_gemm_config(conf[gm]) for gm in F.GEMMS}
+            conf = {gm: check_gemm_config(conf[gm]) for gm in GEMMS}
             results[vname] = res = dict(tokens=tokens, variant=vname, floor_us=floor / BW * 1e6,
                                         config={gm: label(c) for gm, c in conf.items()})
             try:
@@ -339,7 +344,7 @@ def run(b: Bench, args):
             if not b.time_left(f"t={tokens} skip vs clamped {vname}", need=4.0):
                 break
             pdl = variants[vname].get("pdl", False)
-            conf = {gm: F.check_gemm_config(variants[vname][gm]) for gm in F.GEMMS}
+            conf = {gm: check_gemm_config(variants[vname][gm]) for gm in GEMMS}
             res = results[vname]
             try:
                 res.update(layer_times(b, conf, (w13, s13, w2, s2), tokens, E, H, I, xs, gen,
@@ -365,17 +370,17 @@ def layer_times(b, conf, model, tokens, E, H, I, xs, gen, actives, clamp, pdl=Fa
     res = {}
     for a in actives:
         sets = [routes(tokens, E, a, gen, dev) for _ in range(b.reps)]
-        bufs = [F.layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, dev) for _ in range(b.reps)]
+        bufs = [layer_buffers(tokens, TOP_K, H, I, torch.bfloat16, conf, dev) for _ in range(b.reps)]
         x = xs[0].clone()
         ids, rw = (t.clone() for t in sets[0])
-        F.decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)  # compile outside the capture
+        decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)  # compile outside the capture
         b.sync()
         if b.smoke:
             graph = None
         else:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                F.decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)
+                decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)
         errs = []
         for i in range(min(2, b.reps)):  # replay with changed routing and inputs, poisoned buffers
             ids.copy_(sets[i][0])
@@ -386,9 +391,9 @@ def layer_times(b, conf, model, tokens, E, H, I, xs, gen, actives, clamp, pdl=Fa
             if graph is not None:
                 graph.replay()
             else:
-                F.decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)
+                decode_moe_into(x, *model, rw, ids, conf, bufs[0], pdl=pdl)
             b.sync()
-            ref = F.fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids).float()
+            ref = fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids).float()
             out = bufs[0]["out"].float()
             exact_zero = torch.equal(out, torch.zeros_like(out))
             errs.append(rel(out, ref) if a else (0.0 if exact_zero else float("inf")))
@@ -401,7 +406,7 @@ def layer_times(b, conf, model, tokens, E, H, I, xs, gen, actives, clamp, pdl=Fa
                                        torch.where(i < 0, torch.zeros_like(w), w)) for i, w in sets]))
         for path, ss in paths:
             def call(i, ss=ss, bufs=bufs):
-                F.decode_moe_into(xs[i], *model, ss[i][1], ss[i][0], conf, bufs[i], pdl=pdl)
+                decode_moe_into(xs[i], *model, ss[i][1], ss[i][0], conf, bufs[i], pdl=pdl)
             res[f"{path}_{a}"] = b.time_graph(call)
     return res
 
@@ -430,7 +435,7 @@ def main():
     b.log(f"{'tok':>3s} {'gemm':7s} {'floor':>6s} {'old us':>7s} {'old%':>5s} {'new us':>7s} {'new%':>5s} "
           f"{'+pdl us':>7s} {'kern us':>7s}  new config")
     for t in sorted({r["tokens"] for r in gemm_rows}):
-        for g in F.GEMMS:
+        for g in GEMMS:
             rows = [r for r in gemm_rows if r["tokens"] == t and r["gemm"] == g and "us" in r]
             old = next((r for r in rows if r["kind"] == "old"), None)
             new = min((r for r in rows if r["kind"] == "new"), key=lambda r: r["us"], default=None)

@@ -1,6 +1,6 @@
 """Specs of the FP8 block-scale decode GEMMs: ``fp8_decode.gate_up`` and ``fp8_decode.down``.
 
-Both run ``moetune.kernels.fp8_decode.fp8_block_gemm``; the algorithm ("route" GEMV with
+Both run ``moetune.kernels.fp8_decode.gemm.fp8_block_gemm``; the algorithm ("route" GEMV with
 split-K, "grouped" tensor-core blocks per expert) and the operand precision (A_FP8: two-term fp8
 activations on fp8 tensor cores, split in-kernel (1) or by one launch before the GEMM (2), which the
 timing includes) are tuned parameters like the tiles, because the best ones move
@@ -20,8 +20,10 @@ import torch
 import triton
 
 from moetune.device import DeviceInfo
-from moetune.kernels.fp8_decode import layer as F
+from moetune.kernels.fp8_decode.align import align_routes
 from moetune.kernels.fp8_decode.config import DTYPES, GEMM_DEFAULT, Fp8DecodeRules, gemm_shapes
+from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.split import SplitRows, split_fp8_rows
 from moetune.models import ModelPreset
 from moetune.problem import Config, Problem, canonical_json
 from moetune.quant.fp8_block import dequantize_fp8_block, quantize_fp8_block
@@ -50,9 +52,8 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
     def candidates(self) -> Iterator[Config]:
         """The space's product per design (ALGO x A_FP8), with the keys that design ignores or refuses at
         the one value every problem's constraint keeps: the configs that pass the constraint are the full
-        product's (tests/test_fp8_specs.py), drawn from 37,800 raw configs instead of 518,400. (With a
-        fourth GEMV key the full product was 2.07 M and its checks took a sweep's planning 35 s on the H200
-        host, session 14.)"""
+        product's (tests/specs/test_fp8_specs.py), drawn from 37,800 raw configs instead of 518,400, which
+        keeps a sweep's planning short."""
         keys = list(self.space)
         for algo, a_fp8 in itertools.product(self.space["ALGO"], self.space["A_FP8"]):
             fixed = {"ALGO": algo, "A_FP8": a_fp8}
@@ -75,13 +76,10 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
         return cfg
 
     def dominated(self, config: Config, device: DeviceInfo) -> str | None:
-        """On sm_90, three designs are not searched. Every fp8 row of the committed H200 stores (74773
-        measurements, 398 points, six models; ``benchmarks/dominated_designs.py``) says why:
-        - grouped with A_FP8 0 (bf16 tensor cores) never came within 3% of a point's best (259 points);
-        - PREFETCH 1 never did (78 points);
-        - A_FP8 1 (activations split in every program) did at 10 of 313 points, and dropping it costs
-          a point's best at most 1.8%, beyond one 8-route point where repeats of one config spread as
-          far. It is 42% of the binaries of DeepSeek-V3 TP8 gate/up at 16 tokens."""
+        """On sm_90, three designs are not searched: grouped with A_FP8 0 (bf16 tensor cores), PREFETCH 1,
+        and A_FP8 1 (activations split in every program; A_FP8 2 splits them once). In the committed H200
+        stores they (nearly) never came within 3% of a point's best (``benchmarks/dominated_designs.py``;
+        docs/kernels/fp8_decode.md, dominated designs)."""
         if device.arch != "sm_90":
             return None
         cfg = {**GEMM_DEFAULT, **config}
@@ -140,9 +138,7 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
 
     # A K split writes [SPLIT_K, routes, N] fp32 partials, which the layer's next kernel (the gated
     # activation after gate/up, the top-k sum after down) adds as it reads them: so the timed op is the
-    # GEMM alone, as in the layer, and ``collect`` adds the partials for the check only. (Until session
-    # 12 the spec passed [routes, N] and fp8_block_gemm summed the partials in one launch more, ~2 us a
-    # GEMM at 1 token on the H200, which older stored rows of SPLIT_K > 1 configs include.)
+    # GEMM alone, as in the layer, and ``collect`` adds the partials for the check only.
     def _partials(self, inputs: Inputs, split: int) -> torch.Tensor:
         parts = inputs.extra.setdefault("partials", {})
         if split not in parts:  # made on a config's first (untimed) run, then reused by its timed runs
@@ -155,11 +151,11 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
     # gate/up's split of x is a launch in the layer and stays in its timed op, unless only the kernel
     # is timed (``TimingOptions.kernel_only``), which also takes the grouped path's route alignment
     # made beforehand (the layer aligns once for both GEMMs).
-    def _input_split(self, inputs: Inputs, config: Config) -> F.SplitRows | None:
+    def _input_split(self, inputs: Inputs, config: Config) -> SplitRows | None:
         if config.get("A_FP8") != 2 or (self.gemm != "down" and not inputs.extra.get("kernel_only")):
             return None
         if "a_split" not in inputs.extra:
-            inputs.extra["a_split"] = F.split_fp8_rows(inputs.tensors["a"])
+            inputs.extra["a_split"] = split_fp8_rows(inputs.tensors["a"])
         return inputs.extra["a_split"]
 
     def _aligned(self, inputs: Inputs, config: Config) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -169,17 +165,17 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
         bm = config.get("BLOCK_SIZE_M", GEMM_DEFAULT["BLOCK_SIZE_M"])
         if bm not in cache:
             t = inputs.tensors
-            cache[bm] = F.align_routes(t["topk_ids"].reshape(-1), t["w"].shape[0], bm)
+            cache[bm] = align_routes(t["topk_ids"].reshape(-1), t["w"].shape[0], bm)
         return cache[bm]
 
     def run(self, inputs: Inputs, config: Config) -> None:
         t = inputs.tensors
         split = config.get("SPLIT_K", 1)
         out = inputs.outputs[0] if split == 1 else self._partials(inputs, split)
-        F.fp8_block_gemm(t["a"], t["w"], t["w_scale"], t["topk_ids"], out, config,
-                         a_row_div=inputs.extra["a_row_div"],
-                         topk_weights=t["topk_weights"] if self.gemm == "down" else None,
-                         aligned=self._aligned(inputs, config), a_split=self._input_split(inputs, config))
+        fp8_block_gemm(t["a"], t["w"], t["w_scale"], t["topk_ids"], out, config,
+                       a_row_div=inputs.extra["a_row_div"],
+                       topk_weights=t["topk_weights"] if self.gemm == "down" else None,
+                       aligned=self._aligned(inputs, config), a_split=self._input_split(inputs, config))
 
     def collect(self, inputs: Inputs, config: Config) -> None:
         split = config.get("SPLIT_K", 1)

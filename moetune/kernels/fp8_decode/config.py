@@ -26,7 +26,6 @@ _SM90_PROGRAMS = 264  # the same on sm_90 with A_FP8 2 tiles (BN 64): two progra
 _SM90_GEMV_ROWS = 4096  # sm_90, long K: output rows (routes x N) up to which one W8A16 GEMV launch wins
 
 
-
 def _next_pow2(v: int) -> int:
     """triton.next_power_of_2 without its JIT-function call overhead (planning calls it ~10^6 times)."""
     return 1 << max(0, int(v) - 1).bit_length()
@@ -114,6 +113,7 @@ class Fp8DecodeRules(TileRules):
     }
     default = dict(GEMM_DEFAULT)
     shape_defaults = {"dtype": "bfloat16"}
+
     def normalize_shape(self, shape: Mapping[str, Any]) -> dict[str, Any]:
         out = super().normalize_shape(shape)
         if out["dtype"] not in DTYPES:
@@ -130,8 +130,8 @@ class Fp8DecodeRules(TileRules):
     def _bm_bound(self, problem: Problem) -> int:
         """The largest BLOCK_SIZE_M worth a candidate for the tl.dot algorithms: the routes rounded up to
         a power of two and, with uniform routing, 8x the routes per expert rounded up (at least 16).
-        Larger M blocks are mostly padding: in the H200 stores (398 fp8 points, several models) M 32
-        came within 3% of a point's best only at 4+ routes per expert and M 64 never."""
+        Larger M blocks are mostly padding: in the H200 sweeps they came near a point's best only at
+        several routes per expert (docs/kernels/fp8_decode.md, BLOCK_SIZE_M)."""
         bound = max(16, _next_pow2(problem.routes))
         if problem.routing == "uniform":
             bound = min(bound, max(16, 8 * _next_pow2(-(-problem.routes // problem.shape["E"]))))
@@ -150,7 +150,7 @@ class Fp8DecodeRules(TileRules):
             return "BLOCK_SIZE_M only matters for the tl.dot algorithms (route keeps the default)"
         if cfg["ALGO"] == "route" and not cfg["A_FP8"] and cfg["num_stages"] != 1:
             # the kernel's num_stages pipelines only the loads that feed tl.dot: 3.6 and 3.9 build the
-            # same sm_90 binary for every value here (tests/test_fp8_specs.py compiles them to check);
+            # same sm_90 binary for every value here (tests/specs/test_fp8_specs.py compiles them);
             # the GEMV's own pipeline depth is GEMV_STAGES
             return "num_stages does not change the W8A16 GEMV (GEMV_STAGES does); it keeps 1"
         if cfg["W_TMA"] and k % 16:  # its row stride, in fp8 bytes
@@ -172,7 +172,7 @@ class Fp8DecodeRules(TileRules):
         elif _plain_gemv(cfg):  # GEMV_STAGES - 1 weight and activation tiles staged ahead (sm_90, 3.6)
             smem = (cfg["GEMV_STAGES"] - 1) * (bn * bk + bk * a_bytes)
         elif cfg["ALGO"] == "route":  # weight tile per stage, and with A_FP8 1 the 16-row activation tile
-            # it splits (BN128 BK512, 3 stages: 233472 B on sm_90, Triton 3.6, over the limit)
+            # it splits (BN128 BK512 at 3 stages goes over sm_90's limit)
             smem = cfg["num_stages"] * (bn * bk + (16 * bk * a_bytes if cfg["A_FP8"] == 1 else 0))
         else:  # activation + fp8 weight tiles per stage, plus the converted operand
             smem = cfg["num_stages"] * (bm * bk * a_bytes + bk * bn) + 128 * bn * a_bytes
@@ -181,26 +181,20 @@ class Fp8DecodeRules(TileRules):
         return None
 
     def heuristic(self, shape: Mapping[str, Any], routes: int, arch: str) -> Config:
-        """Fallback from the H200 runs (results/fp8_decode.md). Up to ~1 row per expert the GEMV
-        ("route") wins: most experts get one route, so grouping saves few weight reads and the
-        grouped path's routing launch costs more; split-K only where the grid would be small.
-        Above, "grouped" shares each expert's weight reads across its routes.
+        """The picker's fallback where no table covers a point; the tiles come from the H200 sweeps
+        (docs/kernels/fp8_decode.md, heuristic).
 
-        sm_90 only, from session 4's DeepSeek-V3 TP8 run (E 256; gate/up K 7168, down K 256): activations
-        split once into two fp8 terms (A_FP8 2) won every point but the short-K down GEMM at 1 and 4
-        tokens. Short K: the W8A16 GEMV at 1 and 4 tokens (8.5, 23.0 us), grouped SWAP_AB A_FP8 2 at
-        16 and 64 (64.1, 139.0 us); the edge at a quarter row per expert is a guess halfway (in log)
-        between those points. Long K, revised on session 5's exhaustive reference slices (DeepSeek-V3
-        and Qwen3-30B-A3B, K 7168 and 2048, at 1, 16 and 64 tokens; results/reference/): the one-route
-        tl.dot (route, BN64 BK128) with split-K only until the grid has two programs per SM (S8 at
-        DeepSeek-V3's 1 token, S1 at 16), 4 stages up to S2; grouped SWAP_AB BN64 BK256 above one row
-        per expert. Against each point's best, this picks 1.000-1.054x at those six gate/up points
-        (session 4's rule: 1.048-1.56x, worst at Qwen's 16 tokens, where S8 split a 2048-long K into
-        2-block slices). Session 12: with the GEMV's in-thread partial sums, the one-launch W8A16 GEMV
-        (BN32 BK512 S4, 8 warps) beat that pick where a launch's output is at most 4096 rows (DeepSeek-V3
-        gate/up at 1 token: 12.76 against 14.94 us; at 2 tokens the two were within 3%, so the rule stops
-        at 1). fp8 tensor-core dots need sm_89+, and other archs are unmeasured, so they keep session 1's
-        rules."""
+        - Interpreter: the fewest programs (it pays per program).
+        - sm_90, long K (>= 2048): one W8A16 GEMV launch while routes x N stays within
+          ``_SM90_GEMV_ROWS``, where the launch is a large share of the time; up to one route per expert,
+          the one-route tl.dot on pre-split activations (A_FP8 2) with split-K only until the grid has
+          about two programs per SM; above, grouped SWAP_AB with A_FP8 2.
+        - sm_90, short K: grouped SWAP_AB with A_FP8 2 above a quarter route per expert; below, the
+          rules of the other archs.
+        - Other archs (the sm_90 rules rest on H200 sweeps, and fp8 tensor-core dots need sm_89+): the
+          GEMV ("route") up to one route per expert, where most experts get one route, so grouping saves
+          few weight reads and its routing launch costs more; split-K only where the grid would be
+          small. Above, "grouped" shares each expert's weight reads across its routes."""
         n, k, e = shape["N"], shape["K"], shape["E"]
         if arch == "interpreter":  # fewest programs: the interpreter pays per program
             return {**GEMM_DEFAULT, "BLOCK_SIZE_N": min(128, max(16, _next_pow2(n))),
@@ -234,7 +228,6 @@ class Fp8DecodeRules(TileRules):
                     "num_warps": 8}
         return {**GEMM_DEFAULT, "ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64,
                 "BLOCK_SIZE_K": 256 if long_k else 128, "SPLIT_K": 2 if long_k else 1, "num_stages": 3}
-
 
 
 class GateUpRules(Fp8DecodeRules):

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from moetune.kernels.activations import gated_activation
-from moetune.kernels.fp8_decode import layer as F
+from moetune.kernels.fp8_decode.align import align_routes, max_blocks
+from moetune.kernels.fp8_decode.config import check_gemm_config
+from moetune.kernels.fp8_decode.epilogue import gated_activation_rows
+from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.layer import decode_moe_into, fp8_decode_moe, layer_buffers
+from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
 from moetune.quant.fp8_block import quantize_fp8_block
 from moetune.routing import make_routes
 
@@ -55,29 +60,29 @@ CONFIGS = [
 # CONFIGS[6] (grouped, SPLIT_K 3, SWAP_AB) runs against the reference in test_poisoned_buffers_are_overwritten
 @pytest.mark.parametrize("cfg", CONFIGS[:6], ids=lambda c: "-".join(f"{k[-1]}{v}" for k, v in c.items()))
 def test_tile_configs(layer, cfg):
-    ref = F.fp8_decode_moe_reference(*layer)
-    out = F.fp8_decode_moe(*layer, config={"gate_up": cfg, "down": cfg})
+    ref = fp8_decode_moe_reference(*layer)
+    out = fp8_decode_moe(*layer, config={"gate_up": cfg, "down": cfg})
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
     assert rel_err(out, ref) < TOL
 
 
 def test_picker_default(layer):
     """config=None: the picker's choice (mixed algorithms run in test_expert_count_and_top_k)."""
-    assert rel_err(F.fp8_decode_moe(*layer), F.fp8_decode_moe_reference(*layer)) < TOL
+    assert rel_err(fp8_decode_moe(*layer), fp8_decode_moe_reference(*layer)) < TOL
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_output_dtypes(dtype):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, dtype=dtype, seed=1)
     cfg = {"gate_up": FAST, "down": CONFIGS[3]}
-    out = F.fp8_decode_moe(*args, config=cfg)
+    out = fp8_decode_moe(*args, config=cfg)
     assert out.dtype == dtype
-    assert rel_err(out, F.fp8_decode_moe_reference(*args)) < TOL
+    assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
 
 
 def test_noncontiguous_views_and_padded_scales():
     x, w13, s13, w2, s2, rw, ids = make_layer(M=2, H=300, I=200, E=4, top_k=2, seed=2)
-    ref = F.fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids)
+    ref = fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids)
     x_view = torch.zeros(2, 2 * 300, dtype=x.dtype)[:, ::2]
     x_view.copy_(x)
     w13_view = w13.transpose(1, 2).contiguous().transpose(1, 2)  # K no longer the unit stride
@@ -89,7 +94,7 @@ def test_noncontiguous_views_and_padded_scales():
     s2_pad[:, :, : s2.shape[2]] = s2
     assert not x_view.is_contiguous() and not w13_view.is_contiguous() and not w2_view.is_contiguous()
     for cfg in (FAST, CONFIGS[5]):
-        out = F.fp8_decode_moe(x_view, w13_view, s13_pad, w2_view, s2_pad, rw, ids,
+        out = fp8_decode_moe(x_view, w13_view, s13_pad, w2_view, s2_pad, rw, ids,
                                config={"gate_up": cfg, "down": cfg})
         assert rel_err(out, ref) < TOL
 
@@ -103,7 +108,7 @@ def test_activation_kernel(activation, limit):
     ids = torch.tensor([0, -1, 3, 2, -1, 1], dtype=torch.int32)
     gu[:, 1] = float("nan")  # inactive rows are never read
     out = torch.full((routes, inter), float("nan"))
-    F.gated_activation_rows(gu, ids, out, activation, limit)
+    gated_activation_rows(gu, ids, out, activation, limit)
     total = gu.sum(0)
     ref = gated_activation(total[:, :inter], total[:, inter:], activation, limit)
     ref[ids < 0] = 0
@@ -114,16 +119,16 @@ def test_activation_kernel(activation, limit):
 def test_layer_with_swiglu_limit():
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=4)
     kw = dict(activation="swiglu", swiglu_limit=0.5)
-    out = F.fp8_decode_moe(*args, config=FAST_CFG, **kw)
-    assert rel_err(out, F.fp8_decode_moe_reference(*args, **kw)) < TOL
+    out = fp8_decode_moe(*args, config=FAST_CFG, **kw)
+    assert rel_err(out, fp8_decode_moe_reference(*args, **kw)) < TOL
 
 
 @pytest.mark.parametrize("E,top_k,M", [(1, 1, 3), (8, 8, 2)])
 def test_expert_count_and_top_k(E, top_k, M):
     args = make_layer(M=M, H=256, I=128, E=E, top_k=top_k, seed=5)
-    ref = F.fp8_decode_moe_reference(*args)
+    ref = fp8_decode_moe_reference(*args)
     cfg = {"gate_up": {**CONFIGS[3], "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256}, "down": FAST}
-    assert rel_err(F.fp8_decode_moe(*args, config=cfg), ref) < TOL
+    assert rel_err(fp8_decode_moe(*args, config=cfg), ref) < TOL
 
 
 # ---- inactive routes ---------------------------------------------------------------------------
@@ -153,8 +158,8 @@ def test_mixed_inactive_routes_never_read(cfg):
     ids[2, 0] = -1
     args[5][ids < 0] = 0.0
     poisoned = poison_unused(args)
-    ref = F.fp8_decode_moe_reference(*args)  # the same routing with those routes removed
-    out = F.fp8_decode_moe(*poisoned, config={"gate_up": cfg, "down": cfg})
+    ref = fp8_decode_moe_reference(*args)  # the same routing with those routes removed
+    out = fp8_decode_moe(*poisoned, config={"gate_up": cfg, "down": cfg})
     assert torch.equal(out[1], torch.zeros_like(out[1]))
     assert rel_err(out, ref) < TOL
 
@@ -164,39 +169,39 @@ def test_all_inactive_is_exactly_zero(cfg):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=7)
     args[6].fill_(-1)
     poisoned = poison_unused(args)
-    out = F.fp8_decode_moe(*poisoned, config={"gate_up": cfg, "down": cfg})
+    out = fp8_decode_moe(*poisoned, config={"gate_up": cfg, "down": cfg})
     assert torch.equal(out, torch.zeros_like(out))
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[1], CONFIGS[6]], ids=["route-split", "grouped-split-swap"])
 def test_poisoned_buffers_are_overwritten(cfg):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=4, active=0.5, seed=8)
-    conf = {"gate_up": F.check_gemm_config(cfg), "down": F.check_gemm_config(cfg)}
-    bufs = F.layer_buffers(2, 4, 256, 128, torch.bfloat16, conf, "cpu")
+    conf = {"gate_up": check_gemm_config(cfg), "down": check_gemm_config(cfg)}
+    bufs = layer_buffers(2, 4, 256, 128, torch.bfloat16, conf, "cpu")
     for t in bufs.values():
         t.fill_(float("nan"))
-    out = F.decode_moe_into(*args, conf, bufs)
+    out = decode_moe_into(*args, conf, bufs)
     assert torch.isfinite(bufs["gate_up"]).all() and torch.isfinite(bufs["down"]).all()
     assert torch.isfinite(bufs["act"]).all()
-    assert rel_err(out, F.fp8_decode_moe_reference(*args)) < TOL
+    assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
     # one GEMM alone into a plain [R, N] buffer: partials added, every element written
     x, w13, s13, _, _, _, ids = args
     gu = torch.full((8, 256), float("nan"))
-    F.fp8_block_gemm(x, w13, s13, ids, gu, cfg, a_row_div=4)
+    fp8_block_gemm(x, w13, s13, ids, gu, cfg, a_row_div=4)
     assert torch.isfinite(gu).all() and torch.equal(gu[ids.reshape(-1) < 0], torch.zeros(4, 256))
 
 
 def test_grouped_handles_more_routes_than_a_block():
     args = make_layer(M=20, H=256, I=128, E=2, top_k=2, seed=10)  # 20 routes per expert > BLOCK_SIZE_M 16
     cfg = {"ALGO": "grouped", "BLOCK_SIZE_N": 256, "SWAP_AB": 1}
-    out = F.fp8_decode_moe(*args, config={"gate_up": cfg, "down": {**cfg, "SWAP_AB": 0}})
-    assert rel_err(out, F.fp8_decode_moe_reference(*args)) < TOL
+    out = fp8_decode_moe(*args, config={"gate_up": cfg, "down": {**cfg, "SWAP_AB": 0}})
+    assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
 
 
 def test_align_routes_buckets_every_active_route_once():
     ids = torch.tensor([[0, 3, -1, 3], [5, -1, 0, 2], [3, 3, 1, -1]], dtype=torch.int32)
-    sorted_ids, block_expert = F.align_routes(ids, 6, 16)
-    assert block_expert.numel() == F.max_blocks(12, 6, 16)
+    sorted_ids, block_expert = align_routes(ids, 6, 16)
+    assert block_expert.numel() == max_blocks(12, 6, 16)
     flat = ids.reshape(-1)
     seen = []
     for b, e in enumerate(block_expert.tolist()):
@@ -244,7 +249,7 @@ BAD = [
 @pytest.mark.parametrize("make,msg", BAD, ids=[m for _, m in BAD])
 def test_bad_tensors(small, make, msg):
     with pytest.raises(ValueError, match=msg):
-        F.fp8_decode_moe(*make(small), config=FAST_CFG)
+        fp8_decode_moe(*make(small), config=FAST_CFG)
 
 
 @pytest.mark.parametrize("kwargs,msg", [
@@ -266,7 +271,7 @@ def test_bad_tensors(small, make, msg):
 ])
 def test_bad_options(small, kwargs, msg):
     with pytest.raises(ValueError, match=msg):
-        F.fp8_decode_moe(*small, **kwargs)
+        fp8_decode_moe(*small, **kwargs)
 
 
 def test_validate_ids_and_empty_batch(small):
@@ -274,20 +279,20 @@ def test_validate_ids_and_empty_batch(small):
     bad_ids[0, 0] = 4
     args = _bad(small, topk_ids=bad_ids)
     with pytest.raises(ValueError, match=r"topk_ids must lie in \[-1, 4\)"):
-        F.fp8_decode_moe(*args, config=FAST_CFG, validate=True)
+        fp8_decode_moe(*args, config=FAST_CFG, validate=True)
     bad_ids[0, 0] = -2
     with pytest.raises(ValueError, match="topk_ids must lie"):
-        F.fp8_decode_moe(*_bad(small, topk_ids=bad_ids), config=FAST_CFG, validate=True)
+        fp8_decode_moe(*_bad(small, topk_ids=bad_ids), config=FAST_CFG, validate=True)
     x, w13, s13, w2, s2, rw, ids = small
-    out = F.fp8_decode_moe(x[:0], w13, s13, w2, s2, rw[:0], ids[:0], config=FAST_CFG, validate=True)
+    out = fp8_decode_moe(x[:0], w13, s13, w2, s2, rw[:0], ids[:0], config=FAST_CFG, validate=True)
     assert out.shape == (0, 256) and out.dtype == x.dtype
-    assert math.isfinite(rel_err(F.fp8_decode_moe(*small, config=FAST_CFG, validate=True),
-                                 F.fp8_decode_moe_reference(*small)))
+    assert math.isfinite(rel_err(fp8_decode_moe(*small, config=FAST_CFG, validate=True),
+                                 fp8_decode_moe_reference(*small)))
 
 
 def test_public_exports():
     import moetune
     from moetune import reference
 
-    assert moetune.fp8_decode_moe is F.fp8_decode_moe
-    assert reference.fp8_decode_moe is F.fp8_decode_moe_reference
+    assert moetune.fp8_decode_moe is fp8_decode_moe
+    assert reference.fp8_decode_moe is fp8_decode_moe_reference

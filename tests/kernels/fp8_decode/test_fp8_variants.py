@@ -7,8 +7,20 @@ import pytest
 import torch
 from test_fp8_decode import TOL, make_layer, poison_unused, rel_err
 
-from moetune.kernels.fp8_decode import layer as F
-from moetune.quant.fp8_block import dequantize_fp8_block
+from moetune.kernels.fp8_decode.align import ALIGN_METHOD, align_routes
+from moetune.kernels.fp8_decode.config import GEMM_DEFAULT, check_gemm_config
+from moetune.kernels.fp8_decode.epilogue import gated_activation_rows
+from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.layer import (
+    FUSED_CONFIG,
+    decode_moe_into,
+    fp8_decode_moe,
+    layer_buffers,
+    resolve_config,
+)
+from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
+from moetune.kernels.fp8_decode.split import split_fp8_rows
+from moetune.quant.fp8_block import FP8_DTYPE, dequantize_fp8_block
 from moetune.routing import make_routes
 
 A8_ROUTE = {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256, "A_FP8": 1}
@@ -40,8 +52,8 @@ def test_variant_matches_reference_partial_tiles_and_inactive_routes(name):
     ids[0, 1:] = -1
     ids[1, :] = -1  # a token with no active route
     args[5][ids < 0] = 0.0
-    ref = F.fp8_decode_moe_reference(*args)
-    out = F.fp8_decode_moe(*poison_unused(args), config=VARIANTS[name])
+    ref = fp8_decode_moe_reference(*args)
+    out = fp8_decode_moe(*poison_unused(args), config=VARIANTS[name])
     assert out.dtype == torch.bfloat16 and torch.equal(out[1], torch.zeros_like(out[1]))
     assert rel_err(out, ref) < TOL
 
@@ -50,20 +62,20 @@ def test_variant_matches_reference_partial_tiles_and_inactive_routes(name):
 def test_fused_activations_and_fp16(activation, limit):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, dtype=torch.float16, seed=12)
     kw = dict(activation=activation, swiglu_limit=limit)
-    out = F.fp8_decode_moe(*args, config=VARIANTS["fused"], **kw)
+    out = fp8_decode_moe(*args, config=VARIANTS["fused"], **kw)
     assert out.dtype == torch.float16
-    assert rel_err(out, F.fp8_decode_moe_reference(*args, **kw)) < TOL
+    assert rel_err(out, fp8_decode_moe_reference(*args, **kw)) < TOL
 
 
 def test_a8_single_gemm_is_close_to_w8a16():
     """The two-term activation split keeps the GEMM within ~1e-3 of the exact product (one term: ~3e-2)."""
     x, w13, s13, *_, ids = make_layer(M=2, H=512, I=128, E=4, top_k=2, dtype=torch.float32, seed=13)
     exact = torch.empty(4, 256)
-    F.fp8_block_gemm(x, w13, s13, ids, exact, {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 512},
+    fp8_block_gemm(x, w13, s13, ids, exact, {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 512},
                      a_row_div=2)
     for cfg in (A8_ROUTE, {**A8_GROUPED, "SWAP_AB": 1}, A82_ROUTE, {**A82_GROUPED, "SWAP_AB": 1}):
         got = torch.full((4, 256), float("nan"))
-        F.fp8_block_gemm(x, w13, s13, ids, got, cfg, a_row_div=2)
+        fp8_block_gemm(x, w13, s13, ids, got, cfg, a_row_div=2)
         assert rel_err(got, exact) < 3e-3
 
 
@@ -71,19 +83,19 @@ def test_a8_single_gemm_is_close_to_w8a16():
 @pytest.mark.parametrize("name", ["fused", "a8-route-split", "a82-grouped"])
 def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=14)
-    conf = {g: F.check_gemm_config(c) for g, c in VARIANTS[name].items()}
-    bufs = F.layer_buffers(2, 2, 256, 128, torch.bfloat16, conf, "cpu")
+    conf = {g: check_gemm_config(c) for g, c in VARIANTS[name].items()}
+    bufs = layer_buffers(2, 2, 256, 128, torch.bfloat16, conf, "cpu")
     if name == "fused":  # the fused path needs no fp32 per-route buffers
         assert bufs["gate_up"].numel() == 0 and bufs["down"].numel() == 0
     for t in bufs.values():
         t.fill_(float("nan"))
-    out = F.decode_moe_into(*args, conf, bufs)
+    out = decode_moe_into(*args, conf, bufs)
     assert torch.isfinite(bufs["act"]).all()
-    assert rel_err(out, F.fp8_decode_moe_reference(*args)) < TOL
+    assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
     args[6].fill_(-1)
     for t in bufs.values():
         t.fill_(float("nan"))
-    out = F.decode_moe_into(*poison_unused(args), conf, bufs)
+    out = decode_moe_into(*poison_unused(args), conf, bufs)
     assert torch.equal(out, torch.zeros_like(out)) and torch.equal(bufs["act"], torch.zeros_like(bufs["act"]))
 
 
@@ -98,7 +110,7 @@ def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
 def test_bad_variant_options(cfg, msg):
     args = make_layer(M=1, H=256, I=128, E=2, top_k=1, seed=15)
     with pytest.raises(ValueError, match=msg):
-        F.fp8_decode_moe(*args, config={"gate_up": cfg})
+        fp8_decode_moe(*args, config={"gate_up": cfg})
 
 
 # ---- A_FP8 2: activations split once, before the GEMM -------------------------------------------
@@ -119,7 +131,7 @@ def split_reference(a):
     q = padded / sa[..., None]
     hi = _round_e4m3(q)
     lo = _round_e4m3((q - hi) * 8.0)
-    terms = [t.to(F.FP8_DTYPE).view(rows, -1)[:, :k] for t in (hi, lo)]
+    terms = [t.to(FP8_DTYPE).view(rows, -1)[:, :k] for t in (hi, lo)]
     return terms[0], terms[1], sa
 
 
@@ -155,9 +167,9 @@ def test_split_rows_matches_reference(dtype, K):
     a = base.to(dtype)[:, ::2]
     a[2] = 0
     assert not a.is_contiguous()
-    hi, lo, sa = F.split_fp8_rows(a)
+    hi, lo, sa = split_fp8_rows(a)
     ref_hi, ref_lo, ref_sa = split_reference(a)
-    assert hi.dtype == lo.dtype == F.FP8_DTYPE and hi.shape == lo.shape == (5, K)
+    assert hi.dtype == lo.dtype == FP8_DTYPE and hi.shape == lo.shape == (5, K)
     assert sa.dtype == torch.float32 and sa.shape == (5, -(-K // 128))
     assert torch.equal(sa, ref_sa)
     assert_terms_equal(hi, ref_hi)
@@ -168,13 +180,13 @@ def test_split_rows_matches_reference(dtype, K):
     assert ((back - a.float()).abs() <= 2e-3 * chunk_sa * 448).all()  # ~1e-3 of each chunk's amax
     bufs = (torch.full_like(hi, float("nan")), torch.full_like(lo, float("nan")),
             torch.full((5, sa.shape[1] + 2), float("nan"))[:, 1:-1])
-    got = F.split_fp8_rows(a, out=bufs)
+    got = split_fp8_rows(a, out=bufs)
     assert all(x is y for x, y in zip(got, bufs, strict=True))
     assert torch.equal(bufs[2], sa)
     assert torch.equal(bufs[0].view(torch.uint8), hi.view(torch.uint8))
     assert torch.equal(bufs[1].view(torch.uint8), lo.view(torch.uint8))
     with pytest.raises(ValueError, match="out: sa must be float32"):
-        F.split_fp8_rows(a, out=(hi, lo, sa[:, :1]))
+        split_fp8_rows(a, out=(hi, lo, sa[:, :1]))
 
 
 @pytest.mark.parametrize("inter,splits,dtype", [(200, 1, torch.bfloat16), (256, 2, torch.float16),
@@ -187,35 +199,42 @@ def test_the_activation_writes_the_split_split_fp8_rows_would(inter, splits, dty
     gu = torch.randn(splits, 6, 2 * inter, generator=g)
     ids = torch.tensor([0, -1, 2, 3, -1, 1])
     out = torch.full((6, inter), float("nan"), dtype=dtype)
-    hi = torch.full((6, inter), float("nan"), dtype=F.FP8_DTYPE)
+    hi = torch.full((6, inter), float("nan"), dtype=FP8_DTYPE)
     lo, sa = hi.clone(), torch.full((6, -(-inter // 128)), float("nan"))
-    F.gated_activation_rows(gu, ids, out, "swiglu", 7.0, split=(hi, lo, sa))
-    alone = F.gated_activation_rows(gu, ids, torch.empty_like(out), "swiglu", 7.0)
-    ref_hi, ref_lo, ref_sa = F.split_fp8_rows(alone)
+    gated_activation_rows(gu, ids, out, "swiglu", 7.0, split=(hi, lo, sa))
+    alone = gated_activation_rows(gu, ids, torch.empty_like(out), "swiglu", 7.0)
+    ref_hi, ref_lo, ref_sa = split_fp8_rows(alone)
     assert torch.equal(out, alone) and torch.equal(sa, ref_sa)
     assert torch.equal(hi.view(torch.uint8), ref_hi.view(torch.uint8))
     assert torch.equal(lo.view(torch.uint8), ref_lo.view(torch.uint8))
     with pytest.raises(ValueError, match="split: sa must be float32"):
-        F.gated_activation_rows(gu, ids, out, "silu", split=(hi, lo, sa[:, :0]))
+        gated_activation_rows(gu, ids, out, "silu", split=(hi, lo, sa[:, :0]))
 
 
 def test_the_layer_splits_down_s_input_in_the_activation(monkeypatch):
     """With down on A_FP8 2 the layer launches no split of its own for down (gate/up's still splits x):
     the same output, bit for bit, as the layer with the separate split launch."""
     args = make_layer(M=3, H=304, I=208, E=5, top_k=3, seed=19)
-    conf = {"gate_up": {**F.GEMM_DEFAULT, **A82_GROUPED, "SWAP_AB": 1},
-            "down": {**F.GEMM_DEFAULT, **A82_GROUPED, "BLOCK_SIZE_N": 64}}
+    conf = {"gate_up": {**GEMM_DEFAULT, **A82_GROUPED, "SWAP_AB": 1},
+            "down": {**GEMM_DEFAULT, **A82_GROUPED, "BLOCK_SIZE_N": 64}}
+    from moetune.kernels.fp8_decode import gemm, layer
+
     calls = []
-    real = F.split_fp8_rows
-    monkeypatch.setattr(F, "split_fp8_rows", lambda a, *k, **kw: calls.append(a.shape) or real(a, *k, **kw))
-    bufs = F.layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu")
-    fused = F.decode_moe_into(*args, conf, bufs).clone()
+    real = gemm.split_fp8_rows  # the split fp8_block_gemm launches
+
+    def spy(a, *k, **kw):
+        calls.append(a.shape)
+        return real(a, *k, **kw)
+
+    monkeypatch.setattr(gemm, "split_fp8_rows", spy)
+    bufs = layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu")
+    fused = decode_moe_into(*args, conf, bufs).clone()
     assert calls == [(3, 304)]  # x for gate/up only
-    monkeypatch.setattr(F, "_act_split", lambda config: False)
+    monkeypatch.setattr(layer, "_act_split", lambda config: False)
     calls.clear()
-    apart = F.decode_moe_into(*args, conf, F.layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu"))
+    apart = decode_moe_into(*args, conf, layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu"))
     assert calls == [(3, 304), (9, 208)] and torch.equal(fused, apart)
-    assert rel_err(fused, F.fp8_decode_moe_reference(*args)) < TOL
+    assert rel_err(fused, fp8_decode_moe_reference(*args)) < TOL
 
 
 A82_CONFIGS = [
@@ -251,11 +270,11 @@ def test_a82_down_gemm_k200_strided_padded_and_poisoned(cfg):
         w2[e].view(torch.uint8).fill_(0x7F)
         s2_pad[e] = float("nan")
     out = torch.full((routes, 256), float("nan"))
-    F.fp8_block_gemm(act, w2, s2_pad, ids, out, cfg, topk_weights=rw)
+    fp8_block_gemm(act, w2, s2_pad, ids, out, cfg, topk_weights=rw)
     assert torch.equal(out[inactive], torch.zeros(int(inactive.sum()), 256))
     assert rel_err(out, ref) < TOL
     mode1 = torch.full((routes, 256), float("nan"))
-    F.fp8_block_gemm(act, w2, s2_pad, ids, mode1, {**cfg, "A_FP8": 1}, topk_weights=rw)
+    fp8_block_gemm(act, w2, s2_pad, ids, mode1, {**cfg, "A_FP8": 1}, topk_weights=rw)
     torch.testing.assert_close(out, mode1, rtol=1e-5, atol=1e-5)
 
 
@@ -265,12 +284,12 @@ def test_a82_given_split():
     x, w13, s13, *_, ids = make_layer(M=2, H=300, I=64, E=4, top_k=2, seed=23)
     cfg = {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}
     inside = torch.full((4, 128), float("nan"))
-    F.fp8_block_gemm(x, w13, s13, ids, inside, cfg, a_row_div=2)
-    hi, lo, sa = F.split_fp8_rows(x)
+    fp8_block_gemm(x, w13, s13, ids, inside, cfg, a_row_div=2)
+    hi, lo, sa = split_fp8_rows(x)
     sa_pad = torch.full((2, sa.shape[1] + 1), float("nan"))
     sa_pad[:, :-1] = sa  # a padded scale column is never read
     given = torch.full((4, 128), float("nan"))
-    F.fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=(hi, lo, sa_pad))
+    fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=(hi, lo, sa_pad))
     assert torch.equal(given, inside)
     assert rel_err(given, gemm_reference(x, w13, s13, ids, a_row_div=2)) < TOL
     bad = [((hi[:1], lo, sa), "a_split: hi must be"), ((hi, lo.float(), sa), "a_split: lo must be"),
@@ -279,9 +298,9 @@ def test_a82_given_split():
            ((hi, lo.t().contiguous().t(), sa), "a_split: lo must have")]
     for split, msg in bad:
         with pytest.raises(ValueError, match=msg):
-            F.fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=split)
+            fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=split)
     with pytest.raises(ValueError, match="a_split is only used with A_FP8 2"):
-        F.fp8_block_gemm(x, w13, s13, ids, given, A8_GROUPED, a_row_div=2, a_split=(hi, lo, sa))
+        fp8_block_gemm(x, w13, s13, ids, given, A8_GROUPED, a_row_div=2, a_split=(hi, lo, sa))
 
 
 @pytest.mark.parametrize("tokens,E,block_m,active", [(3, 6, 16, 0.5), (20, 2, 16, 1.0), (16, 256, 16, 0.75),
@@ -289,11 +308,11 @@ def test_a82_given_split():
 def test_sort_routing_step_equals_onehot(tokens, E, block_m, active):
     gen = torch.Generator().manual_seed(E)
     ids, _ = make_routes(tokens, min(8, E), E, active_fraction=active, generator=gen)
-    onehot = F.align_routes(ids, E, block_m, "onehot")
-    by_sort = F.align_routes(ids, E, block_m, "sort")
+    onehot = align_routes(ids, E, block_m, "onehot")
+    by_sort = align_routes(ids, E, block_m, "sort")
     assert torch.equal(onehot[0], by_sort[0]) and torch.equal(onehot[1], by_sort[1])
     with pytest.raises(ValueError, match="method"):
-        F.align_routes(ids, E, block_m, "radix")
+        align_routes(ids, E, block_m, "radix")
 
 
 class _Spy:
@@ -310,17 +329,19 @@ class _Spy:
 def test_routing_step_default_is_sort_with_onehot_above_its_route_limit(monkeypatch):
     """The default (measured faster on the H200) is "sort"; past the routes one program can sort,
     "onehot" runs instead; every choice buckets the routes the same way."""
-    assert F.ALIGN_METHOD == "sort"
-    sort_spy, onehot_spy = _Spy(F._align_sort_kernel), _Spy(F._align_kernel)
-    monkeypatch.setattr(F, "_align_sort_kernel", sort_spy)
-    monkeypatch.setattr(F, "_align_kernel", onehot_spy)
+    from moetune.kernels.fp8_decode import align
+
+    assert ALIGN_METHOD == "sort"
+    sort_spy, onehot_spy = _Spy(align._align_sort_kernel), _Spy(align._align_kernel)
+    monkeypatch.setattr(align, "_align_sort_kernel", sort_spy)
+    monkeypatch.setattr(align, "_align_kernel", onehot_spy)
     ids, _ = make_routes(5, 4, 7, active_fraction=0.75, generator=torch.Generator().manual_seed(3))
-    default = F.align_routes(ids, 7, 16)
+    default = align_routes(ids, 7, 16)
     assert (sort_spy.calls, onehot_spy.calls) == (1, 0)
-    onehot = F.align_routes(ids, 7, 16, "onehot")
+    onehot = align_routes(ids, 7, 16, "onehot")
     assert all(torch.equal(a, b) for a, b in zip(default, onehot, strict=True))
-    monkeypatch.setattr(F, "_SORT_MAX_ROUTES", ids.numel() - 1)
-    fallback = F.align_routes(ids, 7, 16)
+    monkeypatch.setattr(align, "_SORT_MAX_ROUTES", ids.numel() - 1)
+    fallback = align_routes(ids, 7, 16)
     assert (sort_spy.calls, onehot_spy.calls) == (1, 2)
     assert all(torch.equal(a, b) for a, b in zip(fallback, onehot, strict=True))
 
@@ -330,16 +351,16 @@ def test_public_fused_option():
     reference's result; a given non-FUSE config or a non-bool flag is a ValueError."""
     args = make_layer(M=1, H=128, I=64, E=3, top_k=2, active=0.5, seed=16)
     args[5][args[6] < 0] = 0.0
-    ref = F.fp8_decode_moe_reference(*args, fused=True)
-    assert rel_err(F.fp8_decode_moe(*poison_unused(args), fused=True), ref) < TOL
-    resolved = F.resolve_config(None, {}, 2, fused=True)
-    assert resolved == {g: F.check_gemm_config(c) for g, c in F.FUSED_CONFIG.items()}
-    given = F.resolve_config({"down": FUSED}, {}, 2, fused=True)
+    ref = fp8_decode_moe_reference(*args, fused=True)
+    assert rel_err(fp8_decode_moe(*poison_unused(args), fused=True), ref) < TOL
+    resolved = resolve_config(None, {}, 2, fused=True)
+    assert resolved == {g: check_gemm_config(c) for g, c in FUSED_CONFIG.items()}
+    given = resolve_config({"down": FUSED}, {}, 2, fused=True)
     assert given["down"]["BLOCK_SIZE_N"] == FUSED["BLOCK_SIZE_N"] and given["gate_up"]["FUSE"] == 1
     with pytest.raises(ValueError, match="FUSE"):
-        F.fp8_decode_moe(*args, fused=True, config={"gate_up": A8_ROUTE})
+        fp8_decode_moe(*args, fused=True, config={"gate_up": A8_ROUTE})
     with pytest.raises(ValueError, match="fused"):
-        F.fp8_decode_moe(*args, fused="yes")
+        fp8_decode_moe(*args, fused="yes")
 
 
 @pytest.mark.parametrize("split", [1, 2, 3])
@@ -351,7 +372,7 @@ def test_prefetch_changes_the_schedule_not_the_sums(split):
     outs = []
     for prefetch in (0, 1):
         out = torch.full((split, 6, 200), float("nan"))
-        F.fp8_block_gemm(x, w13, s13, ids, out, {**base, "PREFETCH": prefetch}, a_row_div=2)
+        fp8_block_gemm(x, w13, s13, ids, out, {**base, "PREFETCH": prefetch}, a_row_div=2)
         outs.append(out)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
@@ -365,7 +386,7 @@ def test_gemv_stages_change_the_schedule_not_the_sums(stages, split):
     outs = []
     for st in (1, stages):
         out = torch.full((split, 6, 200), float("nan"))
-        F.fp8_block_gemm(x, w13, s13, ids, out, {**base, "GEMV_STAGES": st}, a_row_div=2)
+        fp8_block_gemm(x, w13, s13, ids, out, {**base, "GEMV_STAGES": st}, a_row_div=2)
         outs.append(out)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
 
@@ -373,7 +394,7 @@ def test_gemv_stages_change_the_schedule_not_the_sums(stages, split):
 @pytest.mark.parametrize("bad", [{"BLOCK_SIZE_K": 256}, {"A_FP8": 2}, {"ALGO": "grouped"}, {"PREFETCH": 2}])
 def test_prefetch_only_for_the_w8a16_gemv_at_128_k(bad):
     with pytest.raises(ValueError, match="PREFETCH"):
-        F.check_gemm_config({"ALGO": "route", "BLOCK_SIZE_K": 128, "PREFETCH": 1, **bad})
+        check_gemm_config({"ALGO": "route", "BLOCK_SIZE_K": 128, "PREFETCH": 1, **bad})
 
 
 # ---- W_TMA: weight tiles by TMA copies (the interpreter emulates the descriptor loads) -----------
@@ -397,21 +418,21 @@ def test_w_tma_matches_reference_partial_tiles_and_inactive_routes(name):
     ids = args[6]
     ids[0, 1:] = -1
     args[5][ids < 0] = 0.0
-    ref = F.fp8_decode_moe_reference(*args)
-    out = F.fp8_decode_moe(*poison_unused(args), config=TMA_VARIANTS[name])
+    ref = fp8_decode_moe_reference(*args)
+    out = fp8_decode_moe(*poison_unused(args), config=TMA_VARIANTS[name])
     assert rel_err(out, ref) < TOL
 
 
 def test_w_tma_refuses_what_tma_cannot_address():
     args = make_layer(M=1, H=256, I=128, E=2, top_k=1, seed=17)
     with pytest.raises(ValueError, match="W_TMA"):  # the W8A16 GEMV has no tile copies to replace
-        F.fp8_decode_moe(*args, config={"gate_up": {"W_TMA": 1}})
+        fp8_decode_moe(*args, config={"gate_up": {"W_TMA": 1}})
     x, w13, s13, *_, ids = args
     out = torch.empty(1, 256)
     wide = torch.empty(2, 256, 512, dtype=w13.dtype)
     wide[:, :, ::2] = w13
     with pytest.raises(ValueError, match="W_TMA.*unit stride"):  # K-strided weights
-        F.fp8_block_gemm(x, wide[:, :, ::2], s13, ids, out, A82_ROUTE | {"W_TMA": 1})
+        fp8_block_gemm(x, wide[:, :, ::2], s13, ids, out, A82_ROUTE | {"W_TMA": 1})
     odd = make_layer(M=1, H=296, I=128, E=2, top_k=1, seed=17)  # rows of 296 bytes: not 16-aligned
     with pytest.raises(ValueError, match="W_TMA"):
-        F.fp8_block_gemm(odd[0], odd[1], odd[2], odd[6], torch.empty(1, 256), A82_ROUTE | {"W_TMA": 1})
+        fp8_block_gemm(odd[0], odd[1], odd[2], odd[6], torch.empty(1, 256), A82_ROUTE | {"W_TMA": 1})

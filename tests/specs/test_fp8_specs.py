@@ -151,11 +151,18 @@ def test_a_k_split_is_timed_without_its_sum(device):
 def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypatch):
     """The layer's gated activation writes down's A_FP8 2 split, so down's timed op launches none: the
     split is made on the first run and reused; gate/up splits x in every run, as the layer does."""
-    from moetune.kernels.fp8_decode import layer as F
+    from moetune.kernels.fp8_decode import gemm
+    from moetune.specs import fp8_decode as spec_module
 
     calls = []
-    real = F.split_fp8_rows
-    monkeypatch.setattr(F, "split_fp8_rows", lambda a, *k, **kw: calls.append(a.shape) or real(a, *k, **kw))
+    real = gemm.split_fp8_rows
+
+    def split(a, *k, **kw):
+        calls.append(a.shape)
+        return real(a, *k, **kw)
+
+    for module in (spec_module, gemm):  # the spec's own split and the one fp8_block_gemm launches
+        monkeypatch.setattr(module, "split_fp8_rows", split)
     for name, per_run in (("fp8_decode.down", 0), ("fp8_decode.gate_up", 1)):
         spec = get_spec(name)
         problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
@@ -176,10 +183,11 @@ def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypa
 def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeypatch):
     """TimingOptions.kernel_only (the worker marks the inputs): the grouped path's alignment and gate/up's
     split of x are made on the first run and reused, as a layer shares them; the whole op otherwise."""
-    from moetune.kernels.fp8_decode import layer as F
+    from moetune.kernels.fp8_decode import gemm
+    from moetune.specs import fp8_decode as spec_module
 
     calls = {"split": 0, "align": 0}
-    real_split, real_align = F.split_fp8_rows, F.align_routes
+    real_split, real_align = gemm.split_fp8_rows, gemm.align_routes
 
     def split(*a, **kw):
         calls["split"] += 1
@@ -189,8 +197,9 @@ def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeyp
         calls["align"] += 1
         return real_align(*a, **kw)
 
-    monkeypatch.setattr(F, "split_fp8_rows", split)
-    monkeypatch.setattr(F, "align_routes", align)
+    for module in (spec_module, gemm):  # the spec's own calls and fp8_block_gemm's
+        monkeypatch.setattr(module, "split_fp8_rows", split)
+        monkeypatch.setattr(module, "align_routes", align)
     spec = get_spec("fp8_decode.gate_up")
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
     cfg = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
@@ -259,7 +268,7 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False,
              "GEMV_STAGES": 1}
-    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.layer._route_gemm_kernel", "const": const,
+    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.gemm._route_gemm_kernel", "const": const,
                          "types": types, "options": {"num_warps": 4, "num_stages": st}} for st in (1, 2, 4)])
     if isinstance(got, str):
         pytest.skip(f"cannot compile for sm_90 here: {got}")
@@ -284,7 +293,7 @@ def test_gemv_stages_pipeline_the_w8a16_gemv_and_nothing_else():
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512,
              "PREFETCH": False, "PDL": False}
-    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.layer._route_gemm_kernel",
+    got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.gemm._route_gemm_kernel",
                          "const": {**const, "GEMV_STAGES": st}, "types": types,
                          "aligned": ["a_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "out_ptr", "stride_am",
                                      "stride_we", "stride_wn", "N", "K"],
@@ -315,7 +324,7 @@ def test_every_split_k_of_a_tile_runs_one_binary():
     many short programs. The spec's binary_key says so, which is how a sweep orders its compiles."""
     from sm90_compile import compile_sm90, param_flags
 
-    kernels = [f"moetune.kernels.fp8_decode.layer.{k}"
+    kernels = [f"moetune.kernels.fp8_decode.gemm.{k}"
                for k in ("_route_gemm_kernel", "_route_dot_kernel", "_grouped_gemm_kernel")]
     assert param_flags(kernels, "SPLIT_ITERS") == [(False, True)] * 3  # not constexpr, never specialized
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
