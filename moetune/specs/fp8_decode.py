@@ -23,6 +23,7 @@ from moetune.device import DeviceInfo
 from moetune.kernels.fp8_decode.align import align_routes
 from moetune.kernels.fp8_decode.config import DTYPES, GEMM_DEFAULT, Fp8DecodeRules, gemm_shapes
 from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.pdl import resolve_pdl
 from moetune.kernels.fp8_decode.split import SplitRows, split_fp8_rows
 from moetune.models import ModelPreset
 from moetune.problem import Config, Problem, canonical_json
@@ -175,7 +176,8 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
         fp8_block_gemm(t["a"], t["w"], t["w_scale"], t["topk_ids"], out, config,
                        a_row_div=inputs.extra["a_row_div"],
                        topk_weights=t["topk_weights"] if self.gemm == "down" else None,
-                       aligned=self._aligned(inputs, config), a_split=self._input_split(inputs, config))
+                       aligned=self._aligned(inputs, config), a_split=self._input_split(inputs, config),
+                       pdl=resolve_pdl(None, t["a"]))
 
     def collect(self, inputs: Inputs, config: Config) -> None:
         split = config.get("SPLIT_K", 1)

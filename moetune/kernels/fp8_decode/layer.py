@@ -35,6 +35,7 @@ from moetune.kernels.fp8_decode.epilogue import (
     sum_topk,
 )
 from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
+from moetune.kernels.fp8_decode.pdl import resolve_pdl
 from moetune.quant.fp8_block import FP8_DTYPE
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -158,10 +159,7 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     right after, so at decode the launches overlap instead of following each other. ``None`` (default):
     on for sm_90 and newer (docs/kernels/fp8_decode.md, PDL).
     """
-    if pdl is None:
-        pdl = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
-    if not isinstance(pdl, bool):
-        raise ValueError(f"pdl must be True, False or None, got {pdl!r}")
+    pdl = resolve_pdl(pdl, x)
     m, h, e, inter, top_k = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                          activation, swiglu_limit)
     dtype = _dtype_name(x.dtype)

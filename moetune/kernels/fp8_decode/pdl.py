@@ -7,6 +7,7 @@ docs/kernels/fp8_decode.md, PDL).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -22,6 +23,16 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+def resolve_pdl(pdl: bool | None, like: torch.Tensor) -> bool:
+    """Whether the path launches with PDL: ``pdl`` when given, else on for sm_90 and newer. The layer and
+    the tuner's spec both ask here, so a candidate is timed with the launches it serves with."""
+    if pdl is None:
+        return like.is_cuda and torch.cuda.get_device_capability(like.device) >= (9, 0)
+    if not isinstance(pdl, bool):
+        raise ValueError(f"pdl must be True, False or None, got {pdl!r}")
+    return pdl
 
 
 def pdl_args(pdl: bool) -> dict[str, bool]:
