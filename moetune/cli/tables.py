@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -114,14 +115,15 @@ def _kernel_tables(names: list[str], arch: str | None) -> list[Path]:
     return files
 
 
-def _entries_table(doc: dict, title: str, wide: bool) -> Table:
+def _entries_table(doc: dict, wide: bool) -> Table:
     """One row per entry; the narrow view (density, routes, config, ms, speedup) fits 100 columns, a
-    config too long for what is left ending in an ellipsis rather than wrapping the row."""
+    config too long for what is left ending in an ellipsis rather than wrapping the row. The wide view
+    wraps the config instead; numbers are never the cells cut."""
     cols = ("density", "routes", "config", "ms", "default ms", "speedup", "error", "roofline") if wide \
         else ("density", "routes", "config", "ms", "speedup")
-    t = Table(title=title)
+    t = Table()
     for col in cols:
-        t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col != "config" or wide)
+        t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col != "config")
     for e in doc["entries"]:
         cells = {"density": f"{e['density']:g}", "routes": str(e.get("routes", "-")),
                  "config": fmt_config(e["config"]) if wide else
@@ -159,8 +161,11 @@ def show(
         for f in files:
             doc = tables.read(f)
             where = doc["device"] or f"arch {doc['arch']}"
-            title = f"{doc['kernel']} {tables.shape_stem(doc['shape'])} on {where}\n[dim]{f}[/]"
-            console.print(_entries_table(doc, title, wide))
+            # above the table, not its title: a title wraps to the table's width
+            title = f"{doc['kernel']} {tables.shape_stem(doc['shape'])} on {where}"
+            console.print(f"[bold]{escape(title)}[/]\n[dim]{escape(str(f))}[/]", highlight=False,
+                          soft_wrap=True)
+            console.print(_entries_table(doc, wide))
             v = doc["versions"]
             console.print(f"[dim]devices {', '.join(doc['device_names'])}; triton {v['triton']}, torch "
                           f"{v['torch']}, cuda {v['cuda']}, moetune {v['moetune']}; {doc['date']}; "
