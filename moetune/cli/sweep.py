@@ -158,8 +158,8 @@ def sweep(
     routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file.npy|.pt>; comma separated "
                                               "for several")] = "uniform",
     strategy: Annotated[str | None, typer.Option(help="search strategy: model, coordinate, random or "
-                                                     "exhaustive [default: model]")] = None,
-    budget: Annotated[int | None, typer.Option(help="most measurements per point [default: model and "
+                                                     "exhaustive \\[default: model]")] = None,
+    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: model and "
                                                    "coordinate 10% of the point's candidates, at least 30; "
                                                    "random and exhaustive every candidate]")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,

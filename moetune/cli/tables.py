@@ -49,9 +49,9 @@ def _interpreter_rows(dbs: list[Path], kernels: list[str], device: str | None) -
 @app.command()
 def export(
     db: Annotated[list[Path] | None, typer.Option(
-        help=f"results store(s) to read; repeat to pool several [default: {DEFAULT_DB}]")] = None,
+        help=f"results store(s) to read; repeat to pool several \\[default: {DEFAULT_DB}]")] = None,
     out: Annotated[Path | None, typer.Option(
-        help="tables root to write into [default: the packaged tables, moetune/configs]")] = None,
+        help="tables root to write into \\[default: the packaged tables, moetune/configs]")] = None,
     kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k",
         help="kernel op(s) or families to export (repeat or comma-separate); default all")] = None,
     device: Annotated[str | None, typer.Option(help="only measurements from this device name")] = None,
@@ -227,7 +227,7 @@ def pick(
 @app.command()
 def verify(
     paths: Annotated[list[Path] | None, typer.Argument(
-        help="table files or directories [default: the packaged tables, moetune/configs]")] = None,
+        help="table files or directories \\[default: the packaged tables, moetune/configs]")] = None,
     schema_only: Annotated[bool, typer.Option(
         help="static checks only: schema, file place, kernel constraints")] = False,
 ) -> None:
