@@ -9,10 +9,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from moetune.tuner.store import DEFAULT_PATH
+
 console = Console()
 err_console = Console(stderr=True)
-
-DEFAULT_DB = "results/moetune.sqlite"  # git-ignored: a sweep's store is data, not source
+DEFAULT_DB = DEFAULT_PATH  # git-ignored: a store is data, not source
 
 _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
           "num_warps": "w", "num_stages": "s"}
