@@ -112,7 +112,7 @@ def main() -> None:
         db = args.out / f"{mode}.sqlite"
         db.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "moetune", "sweep", *sweep, "--seed", "0", "--db", str(db), "--quiet",
-               *flags]
+               "--verbose", *flags]
         started = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
         t0 = time.monotonic()
         with tempfile.TemporaryDirectory(prefix=f"tc_{mode}_") as cache:

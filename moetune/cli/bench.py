@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from moetune.cli import app
-from moetune.cli._common import console, fail, split_list, user_errors
+from moetune.cli._common import console, fail, kernel_list, split_list, user_errors
 
 
 def _ms(v: float | None) -> str:
@@ -90,7 +90,7 @@ def bench(
     from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
     from moetune.tuner.runner import Runner
 
-    kernels = [k for item in kernel or [] for k in split_list(item)]
+    kernels = kernel_list(kernel)
     with user_errors():  # every check before a worker starts
         plan, device = plan_bench(kernels, model=model, tp=tp, ep=ep, shape=shape,
                                   tokens=split_list(tokens, int), routes=split_list(routes, int),

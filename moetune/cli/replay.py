@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from moetune.cli import app
-from moetune.cli._common import console, split_list, user_errors
+from moetune.cli._common import console, kernel_list, split_list, user_errors
 
 
 def _table(title: str, frame, columns: dict[str, str]) -> Table:
@@ -55,8 +55,8 @@ def replay(
     budget: Annotated[str, typer.Option(help="measurements per point, comma separated; N or P% of the "
                                              "point's exhaustive count")] = "5%,10%",
     seeds: Annotated[int, typer.Option(help="seeds per (strategy, budget, point)")] = 20,
-    kernel: Annotated[str | None, typer.Option("--kernel", "-k", help="ops or families, comma separated")] \
-        = None,
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="ops or families (repeat or "
+                                                     "comma-separate)")] = None,
     batch: Annotated[int, typer.Option(help="candidates proposed per batch (GPUs measuring at once)")] = 1,
     noise: Annotated[float, typer.Option(help="scale of the recorded noise drawn per measurement")] = 1.0,
     heuristic: Annotated[bool, typer.Option(help="measure the spec's heuristic first, as a sweep does (off: "
@@ -84,7 +84,7 @@ def replay(
         strategies = split_list(strategy)
         rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
         skipped: list[str] = []
-        points = rp.load_points(data, split_list(kernel), min_candidates, skipped)
+        points = rp.load_points(data, kernel_list(kernel), min_candidates, skipped)
         runs = rp.replay(points, strategies, budgets, seeds, batch, noise, heuristic)
     for label in skipped:
         console.print(f"[yellow]note:[/] left out {label}")

@@ -23,7 +23,7 @@ from rich.progress import (
 from rich.table import Table
 
 from moetune.cli import app
-from moetune.cli._common import console, fail, split_list, user_errors
+from moetune.cli._common import DEFAULT_DB, console, fail, kernel_list, split_list, user_errors
 
 STATUS_STYLE = {"ok": "green", "inaccurate": "yellow", "compile_error": "magenta", "crash": "red",
                 "timeout": "red", "invalid": "dim"}
@@ -120,10 +120,33 @@ def summary_table(points: list[Any], interpreter: bool) -> Table:
     return t
 
 
+def _diagnostics(sw: Any, startup: dict[str, float], interpreter: bool) -> None:
+    """Where a sweep's time went, per candidate and per worker (``--verbose``)."""
+    if sw.overhead_ms:
+        console.print(f"tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)")
+    if sw.phases_ms:
+        import pandas as pd
+
+        phases = pd.DataFrame(sw.phases_ms).median()
+        console.print("per candidate, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    busy = getattr(sw, "measuring_busy", None)
+    if busy is not None and not interpreter:
+        console.print(f"measuring workers busy {busy:.0%} of the time between their first task and the last "
+                      "result" + (" (the rest waiting for compiles: compile-bound)" if busy < 0.85 else ""))
+    comp = sw.compiling() if hasattr(sw, "compiling") else None
+    if comp is not None and not interpreter:
+        busy = f"busy {comp['busy']:.0%} of the time, " if comp["busy"] is not None else ""
+        console.print(f"compile workers: {comp['tasks']} tasks, {busy}median task {comp['wall_s']:.2f} s, "
+                      f"CPU {comp['cpu_share']:.0%} of their wall time")
+    steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
+    console.print(f"start-up, s after planning began: {steps}")
+
+
 @app.command()
 def sweep(
-    kernel: Annotated[str | None, typer.Option("--kernel", "-k", help="ops or families, comma separated "
-                      "(e.g. fp8_decode or fp4_prefill.gate_up); default: the model's weight format")] = None,
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="ops or families, repeated or "
+                      "comma separated (e.g. fp8_decode or fp4_prefill.gate_up); default: the model's weight "
+                      "format")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="model preset, e.g. deepseek-v3")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree (divides the intermediate size)")] = 1,
     ep: Annotated[int, typer.Option(help="expert-parallel degree (divides the experts)")] = 1,
@@ -134,11 +157,13 @@ def sweep(
                                                     "(decode default 1,0.5,0.25)")] = None,
     routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file.npy|.pt>; comma separated "
                                               "for several")] = "uniform",
-    strategy: Annotated[str | None, typer.Option(help="search strategy (exhaustive, random, ...); default: "
-                                                     "the recommended one")] = None,
-    budget: Annotated[int | None, typer.Option(help="most measurements per point")] = None,
+    strategy: Annotated[str | None, typer.Option(help="search strategy: model, coordinate, random or "
+                                                     "exhaustive \\[default: model]")] = None,
+    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: model and "
+                                                   "coordinate 10% of the point's candidates, at least 30; "
+                                                   "random and exhaustive every candidate]")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
-    db: Annotated[Path, typer.Option(help="results database")] = Path("results/moetune.sqlite"),
+    db: Annotated[Path, typer.Option(help="results database")] = Path(DEFAULT_DB),
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,
     jobs: Annotated[int | None, typer.Option(help="compile processes (default: every core on a GPU, none on "
                                                   "the interpreter); with --ray, per actor")] = None,
@@ -175,6 +200,10 @@ def sweep(
                                              "table entry is slower at its density than another's pick")
                      ] = False,
     quiet: Annotated[bool, typer.Option(help="no live display, only the summary")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="after the summary, the per-candidate "
+                                                                  "diagnostics: tuner overhead, time per "
+                                                                  "phase, worker busy shares, start-up "
+                                                                  "steps")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
     from moetune.cli._workers import WorkerDisplay
@@ -187,7 +216,7 @@ def sweep(
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         device = device_info()
-        plan = build_plan(split_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
+        plan = build_plan(kernel_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
                           tokens=split_list(tokens, int), routes=split_list(routes, int),
                           active=split_list(active, float), routing=split_list(routing), device=device)
         strategy = strategy or DEFAULT_STRATEGY
@@ -263,26 +292,9 @@ def sweep(
         store.close()
     console.print(summary_table(points, interpreter))
     written = sum(sum(pt.counts.values()) for pt in points)
-    extra = ""
-    if sw.overhead_ms:
-        extra = f"; tuner overhead per candidate {statistics.median(sw.overhead_ms):.1f} ms (median)"
-    console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id}){extra}")
-    if sw.phases_ms:
-        import pandas as pd
-
-        phases = pd.DataFrame(sw.phases_ms).median()
-        console.print("per candidate, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    busy = getattr(sw, "measuring_busy", None)
-    if busy is not None and not interpreter:
-        console.print(f"measuring workers busy {busy:.0%} of the time between their first task and the last "
-                      "result" + (" (the rest waiting for compiles: compile-bound)" if busy < 0.85 else ""))
-    comp = sw.compiling() if hasattr(sw, "compiling") else None
-    if comp is not None and not interpreter:
-        busy = f"busy {comp['busy']:.0%} of the time, " if comp["busy"] is not None else ""
-        console.print(f"compile workers: {comp['tasks']} tasks, {busy}median task {comp['wall_s']:.2f} s, "
-                      f"CPU {comp['cpu_share']:.0%} of their wall time")
-    steps = ", ".join(f"{k} {v:.1f}" for k, v in startup.items())
-    console.print(f"start-up, s after planning began: {steps}")
+    console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id})")
+    if verbose:
+        _diagnostics(sw, startup, interpreter)
     if sw.timed_out:
         console.print(f"[yellow]time limit:[/] stopped after {time_limit:g} s; rerun to continue")
     if interrupted:

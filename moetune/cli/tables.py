@@ -7,47 +7,73 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from moetune.cli import app
-from moetune.cli._common import console, err_console, fail, split_list, user_errors
+from moetune.cli._common import (
+    DEFAULT_DB,
+    check_kernels,
+    console,
+    err_console,
+    fail,
+    fmt_config,
+    kernel_list,
+    of_kernels,
+    user_errors,
+)
 from moetune.tables.picker import PACKAGED
-
-_SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-          "num_warps": "w", "num_stages": "s"}
-
-
-def _fmt_config(config: dict) -> str:
-    """Tile sizes first (BM BN BK GM), other keys as key=value, then warps and stages."""
-    order = list(_SHORT)
-    keys = sorted(config, key=lambda k: (order.index(k) if k in order[:4] else 4 if k not in order
-                                         else order.index(k) + 1, k))
-    return " ".join(f"{_SHORT[k]}{config[k]}" if k in _SHORT else f"{k}={config[k]}" for k in keys)
 
 
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def _interpreter_rows(dbs: list[Path], kernels: list[str], device: str | None) -> int:
+    """How many rows the export would read that the Triton interpreter measured (arch "interpreter")."""
+    from moetune.device import INTERPRETER
+    from moetune.tuner.store import read_frame
+
+    count = 0
+    for path in dbs:
+        frame = read_frame(path, "--db")
+        if device is not None:
+            frame = frame[frame["device_name"] == device]
+        if kernels:
+            frame = frame[frame["kernel"].map(lambda k: of_kernels(k, kernels))]
+        count += int((frame["arch"] == INTERPRETER.arch).sum())
+    return count
+
+
 @app.command()
 def export(
     db: Annotated[list[Path] | None, typer.Option(
-        help="results store(s) to read; repeat to pool several [default: results/moetune.sqlite]")] = None,
-    out: Annotated[Path, typer.Option(help="tables root to write into (default: the packaged tables)")] = (
-        PACKAGED),
-    kernel: Annotated[list[str] | None, typer.Option(
+        help=f"results store(s) to read; repeat to pool several \\[default: {DEFAULT_DB}]")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="tables root to write into \\[default: the packaged tables, moetune/configs]")] = None,
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k",
         help="kernel op(s) or families to export (repeat or comma-separate); default all")] = None,
     device: Annotated[str | None, typer.Option(help="only measurements from this device name")] = None,
     arch_device: Annotated[str | None, typer.Option(
         help="device whose results fill the arch tables (default: the most measured one)")] = None,
+    allow_interpreter: Annotated[bool, typer.Option(
+        help="let interpreter (CPU) results, whose times are meaningless, into the packaged tables")] = False,
 ) -> None:
     """Write the best accurate config per (device, shape, density) from the store into tables."""
     from moetune.tuner.export import export as run_export
 
-    kernels = [k for item in kernel or [] for k in split_list(item)]
+    kernels = kernel_list(kernel)
+    dbs = db or [Path(DEFAULT_DB)]
     with user_errors():
-        result = run_export(db or [Path("results/moetune.sqlite")], out, kernels=kernels, device=device,
-                            arch_device=arch_device)
+        if out is None and not allow_interpreter:
+            check_kernels(kernels)
+            n = _interpreter_rows(dbs, kernels, device)
+            if n:
+                fail(f"{n} of the rows to export were measured on the Triton interpreter (CPU; times are "
+                     f"meaningless): not writing them into the packaged tables {PACKAGED}; give --out DIR, "
+                     "--device, or --allow-interpreter")
+        result = run_export(dbs, out or PACKAGED, kernels=kernels, device=device, arch_device=arch_device)
     for f in result.files:
         counts: dict[str, int] = {}
         for c in f.changes:
@@ -56,10 +82,10 @@ def export(
         console.print(f"[bold]{f.path}[/]: {summary}", highlight=False)
         for c in f.changes:
             if c.status == "changed":
-                console.print(f"  density {c.density:g}: {_fmt_config(dict(c.old_config))} -> "
-                              f"{_fmt_config(dict(c.new_config))}", highlight=False)
+                console.print(f"  density {c.density:g}: {fmt_config(dict(c.old_config))} -> "
+                              f"{fmt_config(dict(c.new_config))}", highlight=False)
             elif c.status == "added":
-                console.print(f"  density {c.density:g}: added {_fmt_config(dict(c.new_config))}",
+                console.print(f"  density {c.density:g}: added {fmt_config(dict(c.new_config))}",
                               highlight=False)
     for note in result.notes:
         console.print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
@@ -71,24 +97,63 @@ def export(
         raise typer.Exit(1)
 
 
+def _kernel_tables(names: list[str], arch: str | None) -> list[Path]:
+    """The table files of these ops or families in the config dirs; an unknown name with none is an error."""
+    from moetune.tables import format as tables
+    from moetune.tables.picker import config_dirs
+
+    files: list[Path] = []
+    for name in names:
+        tables.check_kernel_name(name)
+        found = [f for root in config_dirs()
+                 for f in sorted(q for d in root.glob(f"{arch or '*'}/*")
+                                 if of_kernels(d.name, [name])
+                                 for q in d.glob("**/*.json"))]
+        if not found:
+            check_kernels([name])
+        files += [f for f in found if f not in files]
+    return files
+
+
+def _entries_table(doc: dict, wide: bool) -> Table:
+    """One row per entry; the narrow view (density, routes, config, ms, speedup) fits 100 columns, a
+    config too long for what is left ending in an ellipsis rather than wrapping the row. The wide view
+    wraps the config instead; numbers are never the cells cut."""
+    cols = ("density", "routes", "config", "ms", "default ms", "speedup", "error", "roofline") if wide \
+        else ("density", "routes", "config", "ms", "speedup")
+    t = Table()
+    for col in cols:
+        t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col != "config")
+    for e in doc["entries"]:
+        cells = {"density": f"{e['density']:g}", "routes": str(e.get("routes", "-")),
+                 "config": fmt_config(e["config"]) if wide else
+                 Text(fmt_config(e["config"]), no_wrap=True, overflow="ellipsis"),
+                 "ms": _num(e["time_ms"], ".4g"), "default ms": _num(e["default_ms"], ".4g"),
+                 "speedup": _num(e["speedup"], ".2f") + ("x" if e["speedup"] is not None else ""),
+                 "error": _num(e["error"], ".2g"), "roofline": _num(e.get("roofline_frac"), ".0%")}
+        t.add_row(*(cells[c] for c in cols))
+    return t
+
+
 @app.command()
 def show(
     paths: Annotated[list[Path] | None, typer.Argument(help="table files or directories")] = None,
-    kernel: Annotated[str | None, typer.Option(help="this kernel op's tables in the config dirs")] = None,
+    kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="these ops' or families' "
+                      "tables in the config dirs (repeat or comma-separate)")] = None,
     arch: Annotated[str | None, typer.Option(help="only tables of this arch (with --kernel)")] = None,
+    wide: Annotated[bool, typer.Option(help="every column: also the default's time, error and roofline "
+                                            "fraction")] = False,
 ) -> None:
-    """A table's entries: density, config, time, default's time, speedup, error, roofline fraction."""
+    """A table's entries: density, routes, config, time and speedup over the default (--wide: more)."""
     from moetune.tables import format as tables
-    from moetune.tables.picker import config_dirs
     from moetune.tuner.verify import table_files
 
+    names = kernel_list(kernel)
     with user_errors():
         if paths:
             files = table_files(paths)
-        elif kernel:
-            tables.check_kernel_name(kernel)
-            pattern = f"{arch or '*'}/{kernel}/**/*.json"
-            files = [f for root in config_dirs() for f in sorted(root.glob(pattern))]
+        elif names:
+            files = _kernel_tables(names, arch)
         else:
             fail("give table PATHs or --kernel")
         if not files:
@@ -96,15 +161,11 @@ def show(
         for f in files:
             doc = tables.read(f)
             where = doc["device"] or f"arch {doc['arch']}"
-            t = Table(title=f"{doc['kernel']} {tables.shape_stem(doc['shape'])} on {where}\n[dim]{f}[/]")
-            for col in ("density", "routes", "config", "ms", "default ms", "speedup", "error", "roofline"):
-                t.add_column(col, justify="left" if col == "config" else "right", no_wrap=col == "config")
-            for e in doc["entries"]:
-                t.add_row(f"{e['density']:g}", str(e.get("routes", "-")), _fmt_config(e["config"]),
-                          _num(e["time_ms"], ".4g"), _num(e["default_ms"], ".4g"),
-                          _num(e["speedup"], ".2f") + ("x" if e["speedup"] is not None else ""),
-                          _num(e["error"], ".2g"), _num(e.get("roofline_frac"), ".0%"))
-            console.print(t)
+            # above the table, not its title: a title wraps to the table's width
+            title = f"{doc['kernel']} {tables.shape_stem(doc['shape'])} on {where}"
+            console.print(f"[bold]{escape(title)}[/]\n[dim]{escape(str(f))}[/]", highlight=False,
+                          soft_wrap=True)
+            console.print(_entries_table(doc, wide))
             v = doc["versions"]
             console.print(f"[dim]devices {', '.join(doc['device_names'])}; triton {v['triton']}, torch "
                           f"{v['torch']}, cuda {v['cuda']}, moetune {v['moetune']}; {doc['date']}; "
@@ -112,11 +173,22 @@ def show(
                           highlight=False)
 
 
+def _check_arch(arch: str) -> None:
+    """ValueError unless ``arch`` is one moetune knows or one the config dirs hold tables for."""
+    from moetune.tables.picker import config_dirs
+    from moetune.tuner.verify import KNOWN_ARCHS
+
+    known = set(KNOWN_ARCHS) | {d.name for root in config_dirs() if root.is_dir() for d in root.iterdir()
+                                if d.is_dir()}
+    if arch not in known:
+        raise ValueError(f"unknown arch {arch!r}; known archs: {', '.join(sorted(known))}")
+
+
 @app.command()
 def pick(
-    kernel: Annotated[str, typer.Option(help="kernel op, e.g. fp8_decode.gate_up")],
+    kernel: Annotated[str, typer.Option("--kernel", "-k", help="kernel op, e.g. fp8_decode.gate_up")],
     routes: Annotated[int, typer.Option(help="routed rows (tokens * top_k * active fraction)")],
-    model: Annotated[str | None, typer.Option(help="model preset giving the shape")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="model preset giving the shape")] = None,
     tp: Annotated[int, typer.Option(help="tensor-parallel degree (with --model)")] = 1,
     ep: Annotated[int, typer.Option(help="expert-parallel degree (with --model)")] = 1,
     shape: Annotated[str | None, typer.Option(help="shape as E=..,N=..,K=..,top_k=..[,field=value]")] = None,
@@ -132,6 +204,8 @@ def pick(
 
     with user_errors():
         spec = get_spec(kernel)
+        if arch is not None:
+            _check_arch(arch)
         if (model is None) == (shape is None):
             fail("give exactly one of --model or --shape")
         the_shape = spec.shape_from_model(get_model(model), tp, ep) if model else parse_shape(shape)
@@ -153,7 +227,7 @@ def pick(
 @app.command()
 def verify(
     paths: Annotated[list[Path] | None, typer.Argument(
-        help="table files or directories (default: configs/)")] = None,
+        help="table files or directories \\[default: the packaged tables, moetune/configs]")] = None,
     schema_only: Annotated[bool, typer.Option(
         help="static checks only: schema, file place, kernel constraints")] = False,
 ) -> None:
@@ -161,7 +235,7 @@ def verify(
     from moetune.tuner.verify import verify as run_verify
 
     with user_errors():
-        files, findings = run_verify(paths or [PACKAGED], schema_only=schema_only)
+        files, findings = run_verify(paths or [PACKAGED], schema_only=schema_only, require=True)
     for f in findings:
         style = "red" if f.level == "error" else "yellow"
         err_console.print(f"[{style}]{f.level}:[/] {f}", highlight=False, soft_wrap=True)

@@ -73,6 +73,18 @@ def _as_text(value: Any) -> Any:
     return value
 
 
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    """A connection that never writes. A WAL store on read-only media cannot get the -shm file even a
+    read-only open needs, so that case reads the file as it is (immutable)."""
+    uri = path.resolve().as_uri()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn.execute("SELECT name FROM sqlite_master LIMIT 1")
+    except sqlite3.OperationalError:
+        conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+    return conn
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -103,30 +115,28 @@ class Store:
         elif not create or readonly:
             raise FileNotFoundError(f"no results database at {self.path}")
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"cannot create results database {self.path}: {e.strerror}") from e
         if readonly:
-            self._conn = self._connect_readonly()
+            self._conn = _open_readonly(self.path)
         else:
             self._conn = self._connect()
             self._init_schema()
 
     # ---- opening ---------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        # In WAL mode, NORMAL syncs at checkpoints, not at every commit: a committed row survives the
-        # sweep being killed (the OS holds it), only a power loss can take the last few. One write per
-        # measurement then costs no fsync.
-        conn.execute("PRAGMA synchronous = NORMAL")
-        return conn
-
-    def _connect_readonly(self) -> sqlite3.Connection:
-        uri = self.path.resolve().as_uri()
         try:
-            conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-            conn.execute("SELECT 1 FROM meta LIMIT 1")
-        except sqlite3.OperationalError:  # WAL file on read-only media: no -shm can be made; read as is
-            conn = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            # In WAL mode, NORMAL syncs at checkpoints, not at every commit: a committed row survives the
+            # sweep being killed (the OS holds it), only a power loss can take the last few. One write per
+            # measurement then costs no fsync.
+            conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as e:  # e.g. a new file in a read-only directory, or read-only media
+            raise ValueError(f"cannot open results database {self.path} for writing: {e} (is "
+                             f"{self.path.parent} writable?)") from e
         return conn
 
     def _check_existing(self) -> bool:
@@ -142,8 +152,7 @@ class Store:
         if header != b"SQLite format 3\x00":
             raise ValueError(f"{self.path} is not a moetune results database (not SQLite)")
         try:
-            uri = f"{self.path.resolve().as_uri()}?mode=ro"
-            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+            conn = _open_readonly(self.path)
             try:
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 meta = dict(conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
@@ -175,7 +184,9 @@ class Store:
                 raise
         except sqlite3.Error as e:
             self._conn.close()
-            raise ValueError(f"cannot open results database {self.path}: {e}") from e
+            hint = " (read-only media? moetune results and export read it as it is)" \
+                if "readonly" in str(e) else ""
+            raise ValueError(f"cannot open results database {self.path} for writing: {e}{hint}") from e
 
     def close(self) -> None:
         self._conn.close()

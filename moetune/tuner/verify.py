@@ -24,6 +24,7 @@ from moetune.tables import format as tables
 # Opt-in shared memory per block by arch, for judging a table's configs on a machine without that GPU.
 _ARCH_SMEM = {"sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448,
               "sm_100": 232448, "sm_103": 232448, "sm_120": 101376}
+KNOWN_ARCHS = ("interpreter", *_ARCH_SMEM)
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,16 @@ class Finding:
         return f"{self.path}: {self.field}: {self.message}"
 
 
-def table_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Every ``*.json`` under the given directories, plus the files given; missing paths raise."""
+def table_files(paths: Iterable[str | os.PathLike], *, require: bool = False) -> list[Path]:
+    """Every ``*.json`` under the given directories, plus the files given; missing paths raise, and with
+    ``require`` so does a directory that holds no table file (a typo'd path must not pass as checked)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(q for q in p.rglob("*.json") if q.is_file())
+            found = sorted(q for q in p.rglob("*.json") if q.is_file())
+            if require and not found:
+                raise FileNotFoundError(f"no table files (*.json) under {p}")
+            out += found
         elif p.is_file():
             out.append(p)
         else:
@@ -172,13 +177,14 @@ def recheck(path: str | os.PathLike, doc: dict, measure: Measure) -> list[Findin
 
 
 def verify(paths: Iterable[str | os.PathLike], *, schema_only: bool = True,
-           measure: Measure | None = None) -> tuple[list[Path], list[Finding]]:
+           measure: Measure | None = None, require: bool = False) -> tuple[list[Path], list[Finding]]:
     """Check every table under ``paths``; re-run entries too unless ``schema_only``.
 
     Re-running uses ``measure``, else the tuner's runner on this machine, for tables of this
-    machine's arch (the interpreter's on a CPU); tables of other archs get a warning.
+    machine's arch (the interpreter's on a CPU); tables of other archs get a warning. ``require``:
+    a directory without tables is a FileNotFoundError (see :func:`table_files`).
     """
-    files = table_files(paths)
+    files = table_files(paths, require=require)
     findings: list[Finding] = []
     here = device_info()
     own: RunnerMeasure | None = None

@@ -9,6 +9,8 @@ from test_tables_toy import DEVICE, KERNEL, SHAPE, SPEC, cfg, entry, put, row, t
 from typer.testing import CliRunner
 
 from moetune.cli import _common, app
+from moetune.cli import tables as tables_cli
+from moetune.tables import format as tables
 from moetune.tables import picker
 from moetune.tuner.store import Store
 
@@ -111,15 +113,110 @@ def test_verify_names_file_and_field_and_fails(cli, tmp_path):
     assert f"{bad}: entries[0].time_ms" in res.output and "1 ok, 1 error(s)" in res.output
 
 
-def test_verify_an_empty_tree_passes(cli, tmp_path):
-    (tmp_path / "configs").mkdir()
-    res = cli("verify", tmp_path / "configs", "--schema-only")
-    assert res.exit_code == 0 and "0 table file(s) checked" in res.output
+def test_verify_an_empty_tree_or_a_missing_path_fails(cli, tmp_path):
+    """A path with nothing to check is a typo, not a pass: one line, non-zero, also beside a good one."""
+    root = tmp_path / "configs"
+    put(root, table([entry(0.5, cfg(16))]))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "README.md").write_text("no tables")
+    for args in ([tmp_path / "empty"], [root, tmp_path / "empty"]):
+        res = cli("verify", *args, "--schema-only")
+        assert res.exit_code == 2 and "no table files (*.json) under" in res.output, res.output
+        assert res.output.strip().startswith("error:") and len(res.output.strip().splitlines()) == 1
     res = cli("verify", tmp_path / "missing")
     assert res.exit_code == 2 and "no table file or directory" in res.output
+    assert "Traceback" not in res.output
 
 
 def test_show_needs_something_to_show(cli, tmp_path):
     assert cli("show").exit_code == 2
     res = cli("show", "--kernel", KERNEL)
     assert res.exit_code == 2 and "no tables found" in res.output
+
+
+def _rows(output: str) -> list[str]:
+    """The lines of the entries' table that hold a data row (rich splits a row's cells by "│", the
+    header's by "┃")."""
+    return [line for line in output.splitlines() if "│" in line]
+
+
+def _widest_packaged_table():
+    """The packaged table whose configs print longest (the hardest to fit)."""
+    return max(sorted(picker.PACKAGED.rglob("*.json")),
+               key=lambda f: max(len(_common.fmt_config(e["config"])) for e in tables.read(f)["entries"]))
+
+
+def test_show_fits_100_columns_one_line_a_row(cli, monkeypatch):
+    path = _widest_packaged_table()
+    doc = tables.read(path)
+    for c in (_common.console, _common.err_console):
+        monkeypatch.setattr(c, "width", 100)
+    res = cli("show", path)
+    assert res.exit_code == 0, res.output
+    rows = _rows(res.output)
+    assert len(rows) == len(doc["entries"]), res.output  # one line per entry
+    assert all(len(line) <= 100 for line in res.output.splitlines())
+    for e, line in zip(doc["entries"], rows, strict=True):  # the numbers are never the ones cut
+        assert f"{e['time_ms']:.4g}" in line and f"{e['speedup']:.2f}x" in line, line
+    header = [line for line in res.output.splitlines() if "┃" in line]
+    assert len(header) == 1 and "default ms" not in header[0] and "roofline" not in header[0]
+
+    res = cli("show", path, "--wide")
+    assert res.exit_code == 0 and "default ms" in res.output and "roofline" in res.output
+
+
+def test_show_takes_families_repeated_kernels_and_names_unknown_ones(cli, tmp_path):
+    put(tmp_path / "configs", table([entry(0.5, cfg(16))]))
+    res = cli("show", "-k", KERNEL, "-k", "fp8_decode.gate_up")  # the second has no tables here
+    assert res.exit_code == 0, res.output
+    assert f"{KERNEL} E8_N64_K128_topk2_bfloat16 on {DEVICE}" in res.output
+    res = cli("show", "--kernel", "toy")  # a family: every toy.* op
+    assert res.exit_code == 0 and f"{KERNEL} E8_N64_K128" in res.output, res.output
+    res = cli("show", "--kernel", "fp9_decode.gate_up")
+    assert res.exit_code == 2 and "unknown kernel 'fp9_decode.gate_up'" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("arch", ["h100", "sm90", "SM_90", "sm_999"])
+def test_pick_names_an_unknown_arch(cli, arch):
+    res = cli("pick", "-k", KERNEL, "--shape", SHAPE_ARG, "--routes", 16, "--arch", arch)
+    assert res.exit_code == 2 and f"unknown arch {arch!r}" in res.output and "sm_90" in res.output
+    assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_pick_takes_the_short_flags(cli):
+    res = cli("pick", "-k", "gather_rows", "-m", "tiny", "--routes", 4, "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["source"] == "heuristic", res.output
+
+
+def _interpreter_store(db):
+    with Store(db) as s:
+        for time_ms, config in ((2.0, SPEC.default), (1.0, cfg(16))):
+            s.add(row(config, time_ms, device="cpu-interpreter", arch="interpreter"))
+    return db
+
+
+def test_export_of_interpreter_results_keeps_out_of_the_packaged_tables(cli, tmp_path, monkeypatch):
+    packaged = tmp_path / "packaged"
+    monkeypatch.setattr(tables_cli, "PACKAGED", packaged)
+    db = _interpreter_store(tmp_path / "cpu.sqlite")
+    res = cli("export", "--db", db)
+    assert res.exit_code == 2 and "interpreter" in res.output and "--allow-interpreter" in res.output
+    assert res.output.strip().startswith("error:") and "Traceback" not in res.output
+    assert not packaged.exists()
+
+    res = cli("export", "--db", db, "--out", tmp_path / "mine")  # a separate tree: written
+    assert res.exit_code == 0 and list((tmp_path / "mine").rglob("*.json")), res.output
+    res = cli("export", "--db", db, "-k", KERNEL, "--allow-interpreter")  # asked for
+    assert res.exit_code == 0 and list(packaged.rglob("*.json")), res.output
+
+
+def test_export_of_gpu_results_writes_the_packaged_tables(cli, tmp_path, monkeypatch):
+    packaged = tmp_path / "packaged"
+    monkeypatch.setattr(tables_cli, "PACKAGED", packaged)
+    db = tmp_path / "gpu.sqlite"
+    with Store(db) as s:
+        s.add(row(SPEC.default, 2.0))
+        s.add(row(cfg(16), 1.0))
+    res = cli("export", "--db", db)
+    assert res.exit_code == 0 and list(packaged.rglob("*.json")), res.output

@@ -1,8 +1,12 @@
 """``moetune sweep`` and ``moetune results`` through typer's test runner: output, store, bad input."""
 
+import contextlib
 import gzip
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 
 import crashy_spec  # noqa: F401  (registers test.crashy and test.steady)
 import numpy as np
@@ -202,3 +206,120 @@ def test_dominated_designs_are_skipped_unless_full_space(cli, tmp_path, monkeypa
         with Store(db) as s:
             seen[bool(flag)] = sorted(json.loads(c)["v"] for c in s.frame()["config"])
     assert seen[False] == list(range(0, 48, 2)) and seen[True] == list(range(48))
+
+
+def test_per_candidate_diagnostics_only_with_verbose(cli, tmp_path):
+    outputs = {}
+    for flag in ([], ["--verbose"]):
+        res = cli("sweep", "-k", "test.steady", "-m", "tiny", "--tokens", "1", "--strategy", "random",
+                  "--budget", "2", "--db", tmp_path / f"v{len(flag)}.sqlite", "--quiet", *flag)
+        assert res.exit_code == 0, res.output
+        outputs[bool(flag)] = res.output
+    for out in outputs.values():
+        assert "sweep summary" in out and "2 measurement(s) written" in out
+    for line in ("start-up, s after planning began", "per candidate, median ms",
+                 "tuner overhead per candidate"):
+        assert line not in outputs[False] and line in outputs[True], (line, outputs[True])
+
+
+def test_a_repeated_kernel_sweeps_each(cli, tmp_path):
+    db = tmp_path / "r.sqlite"
+    res = cli("sweep", "-k", "test.steady", "--kernel", "test.steady_wide", "-m", "tiny", "--tokens", "1",
+              "--strategy", "random", "--budget", "1", "--db", db, "--quiet")
+    assert res.exit_code == 0, res.output
+    with Store(db) as s:
+        assert sorted(s.frame()["kernel"]) == ["test.steady", "test.steady_wide"]
+
+
+def _store_of(db, n=3, reason="x" * 300):
+    """Rows with the longest cells a store holds: a long config and a long failure reason."""
+    config = {f"KNOB_{i}": i for i in range(12)}
+    with Store(db) as s:
+        for i in range(n):
+            s.add({"kernel": "fp8_decode.gate_up", "device_name": "NVIDIA H200", "arch": "sm_90",
+                   "shape": {"E": 256}, "tokens": 1 + i, "routes": 8, "active_fraction": 0.5,
+                   "routing": "zipf:1.2", "config": config, "status": "crash" if i else "ok",
+                   "time_ms": None if i else 0.123456, "spread": 0.01, "roofline_frac": 0.5,
+                   "reason": reason if i else None})
+    return db
+
+
+def test_results_fit_100_columns_one_line_a_row(cli, tmp_path, monkeypatch):
+    from moetune.cli import _common
+
+    db = _store_of(tmp_path / "r.sqlite")
+    for c in (_common.console, _common.err_console):
+        monkeypatch.setattr(c, "width", 100)
+    res = cli("results", "--db", db)
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.output.splitlines() if "│" in line]  # the header's cells split by "┃"
+    assert len(rows) == 3, res.output  # one line per row
+    assert all(len(line) <= 100 for line in res.output.splitlines()), res.output
+    assert "0.1235" in rows[0] and "t1 r8 a0.5 zipf:1.2" in rows[0] and "KNOB_0=0" in rows[0]
+    assert all("crash" in r for r in rows[1:])
+    for c in (_common.console, _common.err_console):
+        monkeypatch.setattr(c, "width", 300)  # the wide view is for a wide terminal
+    res = cli("results", "--db", db, "--wide")
+    assert res.exit_code == 0 and "reason" in res.output and "xxxx" in res.output and "NVIDIA" in res.output
+
+
+def test_results_name_an_unknown_kernel_and_take_repeated_ones(cli, tmp_path):
+    db = _store_of(tmp_path / "r.sqlite", n=1)
+    with Store(db) as s:  # a kernel only this store knows (a plugin not installed here) is no error
+        s.add({"kernel": "mine.op", "device_name": "d", "shape": {"E": 1}, "tokens": 1, "routes": 1,
+               "active_fraction": 1.0, "routing": "uniform", "config": {"a": 1}, "status": "ok"})
+    res = cli("results", "--db", db, "-k", "fp9_decode")
+    assert res.exit_code == 2 and "unknown kernel 'fp9_decode'" in res.output
+    assert "Traceback" not in res.output
+    res = cli("results", "--db", db, "-k", "fp4_prefill", "--limit", "0")  # known, none stored
+    assert res.exit_code == 0 and "0 row(s)" in res.output, res.output
+    res = cli("results", "--db", db, "-k", "mine.op", "-k", "fp8_decode", "--limit", "0")
+    assert res.exit_code == 0 and "2 row(s)" in res.output, res.output
+
+
+@contextlib.contextmanager
+def _read_only(*paths):
+    """Make ``paths`` unwritable for this process, root included (chattr +i where chmod does not stop
+    root); skips where neither can."""
+    if os.geteuid() != 0:
+        modes = [p.stat().st_mode for p in paths]
+        for p in paths:
+            p.chmod(0o555 if p.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            for p, mode in zip(paths, modes, strict=True):
+                p.chmod(mode)
+        return
+    chattr = shutil.which("chattr")
+    if chattr is None or subprocess.run([chattr, "+i", *map(str, paths)], capture_output=True).returncode:
+        pytest.skip("cannot make a path read-only for root here (no chattr +i)")
+    try:
+        yield
+    finally:
+        subprocess.run([chattr, "-i", *map(str, paths)], check=True)
+
+
+def test_a_new_db_in_a_read_only_directory_is_one_line(cli, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with _read_only(locked):
+        for db in (locked / "r.sqlite", locked / "sub" / "r.sqlite"):
+            res = cli("sweep", "-k", "test.steady", "-m", "tiny", "--tokens", "1", "--db", db, "--quiet")
+            assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+            assert res.output.strip().startswith("error:") and str(db) in res.output
+            assert "cannot" in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_a_store_on_read_only_media_is_read_and_not_swept_into(cli, tmp_path):
+    media = tmp_path / "media"
+    media.mkdir()
+    db = _store_of(media / "r.sqlite", n=2)
+    before = db.read_bytes()
+    with _read_only(db, media):
+        res = cli("results", "--db", db, "--limit", "0")
+        assert res.exit_code == 0 and "2 row(s)" in res.output, res.output
+        res = cli("sweep", "-k", "test.steady", "-m", "tiny", "--tokens", "1", "--db", db, "--quiet")
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert res.output.strip().startswith("error:") and str(db) in res.output and "writ" in res.output
+    assert db.read_bytes() == before
