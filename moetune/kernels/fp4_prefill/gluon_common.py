@@ -136,8 +136,8 @@ def fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, 
               RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
     """The copies of chunks 0 .. RING - 2, one commit group each (resident activations: only if ``fresh``).
     Past the last chunk (K / 128 < RING - 1; K / 128 >= 2 always) the last chunk again, never used, as in
-    the loop (a masked copy costs the loop's instructions there: 2.5-3% at down 6144 on the H200, and a
-    clamp of chunks 0 and 1 too, their constant offsets: 1.5%; results/fp4_prefill.md, session 21)."""
+    the loop: a masked copy would cost instructions in every loop trip, and chunks 0 and 1 keep their
+    constant offsets unclamped."""
     for i in gl.static_range(RING - 1):
         kc = i
         live = fresh

@@ -25,8 +25,8 @@ The kernels, by config (``_kernel``):
   with MMA_HALVES ``gluon_smem.fp4_wgmma_halves_kernel``; with DECODE_WARPS 4 or 8 the persistent,
   warp-specialized ``gluon_ws.fp4_wgmma_ws_kernel`` (A_RESIDENT over a program's run of tiles).
 
-What each switch is worth on the H200: docs/kernels/fp4_prefill.md, under the switch's name. GPU only: Gluon
-has no interpreter; ``compile_for_sm90`` compiles a config's kernel offline for the CPU suite.
+What each switch is worth: docs/kernels/fp4_prefill.md, under the switch's name. GPU only: Gluon has no
+interpreter; ``compile_for_sm90`` compiles a config's kernel offline for the CPU suite.
 """
 
 from __future__ import annotations
@@ -41,20 +41,17 @@ from moetune.kernels.fp4_prefill.gluon_smem import fp4_wgmma_halves_kernel, fp4_
 from moetune.kernels.fp4_prefill.gluon_ws import fp4_wgmma_ws_kernel
 from moetune.quant.fp8_act import to_wgmma_k_order
 
-# registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool), by decode
-# warps and OUT_DTYPE. With 4 and fp32 rows, 136: offline (Triton 3.6, BM128 BN128) no spill in the decode
-# partition and a dozen outside the MMA warps' chunk loop; on the H200 down 24576 0.594 ms against 0.620 with
-# 120 (results/lut_s19, call 6). With bf16 rows, 120: 0.543 ms (A_RESIDENT 0.506) against 0.552 (0.526)
-# with 136, 0.587 (0.517) with 112 (results/lut_s20, call 5). With 8, 72.
+# Registers a thread of DECODE_WARPS' partition (the MMA warps get the rest of maxnreg's pool), by decode
+# warps and OUT_DTYPE: the fastest of the values timed (docs/kernels/fp4_prefill.md, DECODE_WARPS). With 4
+# warps and fp32 rows, 136 leaves the decode partition without a spill at BM128 BN128.
 _DECODE_REGS = {(4, "fp32"): 136, (4, "bf16"): 120, (8, "fp32"): 72, (8, "bf16"): 72}
 
 
 def _maxnreg(config) -> dict:
-    """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: at 168
-    three CTAs an SM instead of two, 12% faster at 6144 routes on the H200 (results/fp4_prefill.md, session
-    16); with SCALE_RING at 128, four CTAs (136 registers uncapped, no spill at 128 offline). A config's
-    MAXNREG (SWAP_AB 1) instead: 96 gives 4-warp programs five CTAs an SM (the 16 x 64 tile with SCALE_RING
-    and three stages compiles to it without a spill offline; larger ones spill)."""
+    """Registers capped for the small SWAP_AB tiles (up to 32 x 64), where the cap costs no spill: 168 fits
+    three CTAs an SM instead of two; with SCALE_RING 128 (uncapped 136), four. A config's MAXNREG (SWAP_AB
+    1) instead: 96 gives 4-warp programs five CTAs an SM (the 16 x 64 tile with SCALE_RING and three stages
+    fits it without a spill; larger ones spill). See docs/kernels/fp4_prefill.md, MAXNREG."""
     if config.get("MAXNREG"):
         return {"maxnreg": config["MAXNREG"]}
     if not config.get("SWAP_AB", 1) or config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] > 32 * 64:
@@ -148,7 +145,7 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
             raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 needs num_stages >= 2 (one "
                              "wait covers a chunk's activations and the next chunk's weights), got "
                              f"{config['num_stages']}")
-        if config["BLOCK_SIZE_M"] > 128:  # not understood yet: SCALE_RING 1 runs it (results/fp4_prefill.md)
+        if config["BLOCK_SIZE_M"] > 128:  # cause unknown; SCALE_RING 1 runs these tiles
             raise ValueError("config IMPL 'gluon' with SWAP_AB 0 and SCALE_RING 0 runs BLOCK_SIZE_M <= 128 "
                              f"(256 stopped on a misaligned address on the H200), got "
                              f"{config['BLOCK_SIZE_M']}")

@@ -181,12 +181,12 @@ def _split_chunk(k, num_k, x_ev, x_od, x_rows, cols_x, row_ok_x, w_ev, w_od, w_r
                  PARITY: gl.constexpr, MMA: gl.constexpr, A_OP: gl.constexpr, L5: gl.constexpr,
                  P_W: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, RING: gl.constexpr,
                  SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr):
-    """``_chunk`` with ``RING_SPLIT``: one CTA barrier a chunk instead of three (offline, Triton 3.6). Each
-    ring is two buffers, even and odd chunks, and a commit group carries the next chunk's weights, so after
-    the wait for group k chunk k's activations and chunk k + 1's weights are in, and group k + RING - 1's
-    copies, issued at once, touch no buffer this chunk reads (with RING even: they are the other parity's):
-    Triton's barrier analysis, which tells buffers apart but not a buffer's slots, adds no barrier between
-    them. The slots they overwrite were last read before this chunk's barrier."""
+    """``_chunk`` with ``RING_SPLIT``: one CTA barrier a chunk instead of three. Each ring is two buffers,
+    even and odd chunks, and a commit group carries the next chunk's weights, so after the wait for group k
+    chunk k's activations and chunk k + 1's weights are in, and group k + RING - 1's copies, issued at once,
+    touch no buffer this chunk reads (with RING even: they are the other parity's): Triton's barrier
+    analysis, which tells buffers apart but not a buffer's slots, adds no barrier between them. The slots
+    they overwrite were last read before this chunk's barrier."""
     cp.wait_group(RING - 2)
     fence_async_shared()
     _split_copies(k + RING - 1, num_k, x_ev, x_od, w_ev, w_od, xs_ev, xs_od, x_rows, cols_x, row_ok_x, w_rows,

@@ -91,9 +91,9 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
     registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies.
-    SCALE_RING 1: the activation scales through the ring and a loop that costs four CTA barriers a chunk
-    (the first version, faster for down's 8 chunks on the H200); 0: two a chunk (1.08-1.15x for
-    gate/up's 32, results/fp4_prefill.md, session 17). Needs num_stages >= 2 with SCALE_RING 0."""
+    SCALE_RING 1: the activation scales through the ring and a loop of four CTA barriers a chunk, fewer
+    instructions; 0: two barriers a chunk. Which is faster depends on K / 128 (docs/kernels/fp4_prefill.md,
+    SCALE_RING). Needs num_stages >= 2 with SCALE_RING 0."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     pid_m, pid_n = tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
