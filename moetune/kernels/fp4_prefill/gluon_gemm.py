@@ -168,8 +168,8 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
 
 def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config,
            a_k_order: str = "real") -> None:
-    """As ``fp4_gemm.launch``, for a config with IMPL "gluon"; ``a`` in real K order is permuted here (a copy
-    of ``a``), in the wgmma order it is read as it is."""
+    """As ``triton_gemm.launch``, for a config with IMPL "gluon"; ``a`` in real K order is permuted here (a
+    copy of ``a``), in the wgmma order it is read as it is."""
     check_problem(a.shape[1], w, config)
     bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     if align.block_m != bm:
