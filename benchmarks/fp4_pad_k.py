@@ -26,7 +26,8 @@ def main() -> None:
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
     args = ap.parse_args()
 
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
     from moetune.quant import pad_mxfp4_k, quantize_mxfp4
     from moetune.routing import make_routes
     from moetune.tables.picker import pick_config

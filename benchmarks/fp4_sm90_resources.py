@@ -5,7 +5,7 @@ instruction count (one trip of the longest backward branch) and its barriers, sy
 and fp32 multiplies (the accumulator's rescale).
 
 Configs are fp4_prefill configs (JSON objects, as in the tables); missing keys take the default. IMPL "gluon"
-configs compile the Gluon kernel (moetune/kernels/fp4_wgmma.py) as its launcher does. The
+configs compile the Gluon kernel (moetune/kernels/fp4_prefill/gluon_gemm.py) as its launcher does. The
 compile sees the launcher's specializations: 16-byte aligned pointers and strides, EVEN_K, the
 interpreter off. Run it with the Triton the GPU runs (3.6) first on the path, from the repo root:
 

@@ -1,4 +1,5 @@
-"""The Gluon FP4 GEMM (``IMPL "gluon"``, moetune/kernels/fp4_wgmma.py) against the tables' picks, on the GPU.
+"""The Gluon FP4 GEMM (``IMPL "gluon"``, moetune/kernels/fp4_prefill/gluon_gemm.py) against the tables' picks,
+on the GPU.
 
 DeepSeek-V4-Flash TP=2, both GEMMs, at each --routes: the table's pick (the Triton kernel) and each --configs
 entry (fp4_prefill configs; IMPL, DECODE, UNPACK, SWAP_AB and BLOCK_SIZE_K are set to the Gluon kernel's),

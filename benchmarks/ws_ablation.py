@@ -30,18 +30,28 @@ VARIANTS = ("full", "no_lut", "no_mma", "no_lut_no_mma", "no_act", "no_act_no_lu
             "no_rowmax")
 
 
+def _replace(name: str, fn) -> None:
+    """``name`` bound to ``fn`` in every Gluon kernel module that uses it (a JIT function reads the globals
+    of its own module)."""
+    from moetune.kernels.fp4_prefill import gluon_common, gluon_ring, gluon_smem, gluon_ws
+
+    for module in (gluon_common, gluon_ring, gluon_smem, gluon_ws):
+        if hasattr(module, name):
+            setattr(module, name, fn)
+
+
 def patch(variant: str) -> None:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from moetune.kernels.fp4_prefill import gluon_gemm as fw
+    from moetune.kernels.fp4_prefill import gluon_common, gluon_ws
 
     if "no_lut" in variant:
         @gluon.jit
         def _words_as_they_are(words, s, rmax, BN: gl.constexpr):
             return gl.join(words, words)
 
-        fw._decode_words = _words_as_they_are
+        _replace("decode_words", _words_as_they_are)
     if "no_mma" in variant:
         @gluon.jit
         def _no_mma(a, b, acc, use_acc, is_async):
@@ -51,38 +61,40 @@ def patch(variant: str) -> None:
         def _no_wait(num_outstanding, deps):
             return deps[0]
 
-        fw.warpgroup_mma, fw.warpgroup_mma_wait = _no_mma, _no_wait
+        _replace("warpgroup_mma", _no_mma)
+        _replace("warpgroup_mma_wait", _no_wait)
     if "no_act" in variant:
         global _COPY
-        _COPY = fw._async_load
+        _COPY = gluon_common.async_load
 
         @gluon.jit
         def _weights_only(dst, src, mask=None):
             if dst.dtype == gl.int32:  # the packed weights' ring; the activations' is fp8
                 _COPY(dst, src)
 
-        fw._async_load = _weights_only
+        _replace("async_load", _weights_only)
     if "no_store" in variant:
-        fw._ws_mma = _without_stores(fw)
+        gluon_ws._ws_mma = _without_stores(gluon_ws)
     if "no_rowmax" in variant:
         @gluon.jit
         def _constant_row_max(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
             return gl.full([BN, 1], 127, gl.int32, S2)
 
-        fw._row_max_scale = _constant_row_max
+        _replace("row_max_scale", _constant_row_max)
 
 
-def _without_stores(fw):
-    """``_ws_mma`` with its stores masked off, from its source (a JIT function needs a file to read)."""
+def _without_stores(ws):
+    """``_ws_mma`` of the module ``ws`` with its stores masked off, from its source (a JIT function needs a
+    file to read)."""
     import importlib.util
     import inspect
     import tempfile
 
-    src = inspect.getsource(fw._ws_mma.fn)
+    src = inspect.getsource(ws._ws_mma.fn)
     store_mask = "mask=(row < routes)[:, None])"
     assert store_mask in src, "the epilogue's store changed: update this ablation"
-    head = ("import moetune.kernels.fp4_wgmma as _fw\n"
-            "globals().update({k: v for k, v in vars(_fw).items() if not k.startswith('__')})\n")
+    head = ("import moetune.kernels.fp4_prefill.gluon_ws as _ws\n"
+            "globals().update({k: v for k, v in vars(_ws).items() if not k.startswith('__')})\n")
     path = os.path.join(tempfile.mkdtemp(), "ws_mma_no_store.py")
     with open(path, "w") as f:
         f.write(head + src.replace(store_mask, "mask=(row < 0)[:, None])"))

@@ -5,7 +5,7 @@ Each lives next to its kernel; this module gathers them under one name.
 
 from __future__ import annotations
 
-from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe_reference as fp4_prefill_moe
+from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference as fp4_prefill_moe
 from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference as fp8_decode_moe
 from moetune.kernels.gather_rows.gather import gather_rows_with_scales_reference as gather_rows_with_scales
 

@@ -42,8 +42,8 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         checked once per combination (and per M tile <= or > the N tile, all A_QUADS reads of the tiles, and
         per GROUP_SIZE_M 1 or not, all A_RESIDENT reads), each IMPL's combinations only with the values it
         can run of the keys it pins, and only the valid combinations are crossed with the tiles. The
-        survivors of the constraint are the full product's (tests/test_fp4_spec.py); about 40% of the raw
-        product, whose checks were half of a six-point V4-Flash plan's 20 s here (session 15)."""
+        survivors of the constraint are the full product's (tests/specs/test_fp4_spec.py), about 40% of the
+        raw product: checking every config of the raw product was half of a sweep's planning time."""
         tile_keys = [k for k in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "GROUP_SIZE_M", "num_warps", "num_stages")
                      if k in self.space]
         rest = [k for k in self.space if k not in tile_keys]
@@ -86,10 +86,10 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         return canonical_json({k: v for k, v in self.canonical(config).items() if k != "GROUP_SIZE_M"})
 
     def dominated(self, config: Config, device: DeviceInfo) -> str | None:
-        """On sm_90, two decodes are not searched: in the fp4 rows of the committed H200 stores (4919
-        measurements, 112 points; ``benchmarks/dominated_designs.py --family fp4_prefill``) DECODE f16
-        never came within 3% of a point's best (67 points measured it) nor did fp8_scaled (30). The
-        fp8 decodes run the same dots with fp8 operands, at twice the f16 rate."""
+        """On sm_90, two decodes are not searched: DECODE f16 and fp8_scaled never came within 3% of a
+        point's best in the committed H200 stores (``benchmarks/dominated_designs.py --family fp4_prefill``;
+        docs/kernels/fp4_prefill.md, DECODE). The fp8 decodes run the same dots with fp8 operands, at twice
+        the f16 rate."""
         if device.arch == "sm_90" and config.get("DECODE") in ("f16", "fp8_scaled"):
             return f"dominated on sm_90: DECODE {config['DECODE']}"
         return None

@@ -33,24 +33,17 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "RING_SPLIT": (0, 1),
     "MAXNREG": (0, 96),
 }
-# What IMPL "gluon" computes (moetune/kernels/fp4_wgmma.py): its only values of the switches it does not read.
-# It reads SWAP_AB (1: weights as the wgmma's M side, in registers; 0: through shared memory), SCALE_RING and
-# MMA_HALVES (each chunk's wgmma in two N halves, the next chunk's first half queued before the second is
-# rescaled) and DECODE_WARPS (4 or 8: a warp-specialized partition of that many warps copies and decodes for
-# the MMA warps), and A_RESIDENT (1: a program keeps its M-block's activations in shared memory over
-# consecutive N tiles: DECODE_WARPS' persistent programs over their run of tiles, SWAP_AB 1's over 4), and
-# RING_SPLIT (SWAP_AB 1: each ring as two buffers, even and odd chunks, the weights a chunk ahead: one CTA
-# barrier a chunk instead of three with an even ring, num_stages 1 or 3) and MAXNREG (SWAP_AB 1: a register
-# cap instead of the launcher's, 0; 96 gives 4-warp programs five CTAs an SM).
-# OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype (bf16 halves the bytes the epilogue stores and
-# the sum over top_k reads; the MoE's error against the reference 0.40% -> 0.56% in the CPU suite's case).
-# Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first moves values across fp8
-# rounding boundaries (2-3% error in the same case).
-# The switches only IMPL "gluon" reads: 0 with IMPL "triton".
+# The switches only IMPL "gluon" reads, 0 with IMPL "triton" (each described in gluon_gemm.py and the kernel
+# module it picks). Of the switches both IMPLs read, SWAP_AB picks the Gluon kernel: 1 the weights as the
+# wgmma's M side in registers, 0 through shared memory.
 GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT", "MAXNREG")
+# OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype. bf16 halves the bytes the epilogue stores and
+# the sum over top_k reads. Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first
+# moves values across fp8 rounding boundaries (a few percent of error against the reference).
+# What IMPL "gluon" computes: its only values of the switches it does not read.
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
                                "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
-# The shipped static config (seed 004's): the baseline every sweep point is timed against.
+# The shipped static config: the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
@@ -158,8 +151,9 @@ def smem_bytes(cfg: Mapping[str, Any], k: int | None = None) -> int:
     A_RESIDENT it grows with K (the M-block's whole activations): without ``k``, the ring's share.
 
     Fitted to ``metadata.shared`` of 146 configs across every design compiled for sm_90 (Triton 3.9)
-    and to the Triton 3.6 failure (M256 N128 K256 bf16, 1 stage: 393,216 B); results/fp4_prefill.md
-    has the table. Terms, in bytes, with e = 1 for the fp8 decodes and 2 for f16/bf16 operands:
+    and to the Triton 3.6 failure (M256 N128 K256 bf16, 1 stage: 393,216 B); the table is in
+    docs/kernels/fp4_prefill.md (shared memory). Terms, in bytes, with e = 1 for the fp8 decodes and 2 for
+    f16/bf16 operands:
 
     - pipeline: (stages - 1) x the raw tiles one K step loads (A fp8 BM*BK, packed BN*BK/2, scales
       BN*BK/32, and the bf16 decode's per-element activation scales 4*BM*BK when BK > 128);
@@ -228,31 +222,23 @@ def _t(bm: int, bn: int, bk: int, w: int, st: int, g: int, decode: str, unpack: 
                 DECODE=decode, UNPACK=unpack, SWAP_AB=swap, **switches)
 
 
-# sm_90 winners per rows-per-expert band, measured on an H200 (Triton 3.6) for DeepSeek-V4-Flash TP=2.
-# Bands up to 32 rows and above 64: the best of the session 5 exhaustive reference slice at 6, 24 and 96
-# rows per expert (results/fp4_prefill.md, session 5; the slice held UNPACK halves only, so session 2's
-# asm16 pick above 64 rows, 1.76 ms gate/up at 96 in its own run, was not in it). The 64-row band:
-# session 2's sweep store at 48 rows (results/fp4_prefill.md, session 2). Up to 32 rows UNPACK lut since
-# session 12: the 16-row tile with lut (and W_TMA) 0.449 / 0.236 ms against 0.548 / 0.289 ms with halves at
-# 6 rows, and lut won the session-12 sweeps at every density from 3 to 24 rows (results/fp4_prefill.md,
-# session 12); the 32-row band's tile is those sweeps' best at 18 and 24 rows for both GEMMs (for down with
-# SCALE_AHEAD and A_QUADS since session 15, best at 12-36 rows). Up to 128 rows: session 15's lut tile with 16
-# warps an SM and SCALE_AHEAD, best at 72 and 96 rows for both GEMMs (results/fp4_prefill.md, session 15). The
-# 64-row band's gate/up tile: the tables' pick at 36 and 48 rows (asm16), 1.2x the join tile there.
+# sm_90 Triton tiles per rows-per-expert band (rows per expert up to the first number), the fastest measured
+# on an H200 for DeepSeek-V4-Flash TP=2 at each band's densities (docs/kernels/fp4_prefill.md, sm_90
+# heuristic). The heuristic names them where no Gluon tile of the band runs the shape.
 _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
     "gate_up": (
-        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.449 ms at 6 (halves 0.548, session 2 0.67)
-        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),     # 0.660 ms at 24 (halves BN64 0.70, 0.79)
-        (64, _t(64, 128, 128, 8, 1, 8, "fp8", "asm16")),      # 1.075 ms at 48 (join 1.32, session 15 bench)
-        (128, _t(128, 64, 128, 8, 3, 8, "fp8", "lut", SCALE_AHEAD=1)),  # 1.297 ms at 96 (halves 1.401)
-        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 2.62 ms at 144
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),
+        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1)),
+        (64, _t(64, 128, 128, 8, 1, 8, "fp8", "asm16")),
+        (128, _t(128, 64, 128, 8, 3, 8, "fp8", "lut", SCALE_AHEAD=1)),
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),
     ),
     "down": (
-        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),      # 0.236 ms at 6 (halves 0.289)
-        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1)),  # 0.298 ms at 24
-        (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),   # 0.66 ms at 48 (fp8/join 0.69)
-        (128, _t(128, 64, 128, 8, 3, 8, "fp8_row", "lut", SCALE_AHEAD=1)),  # 0.701 ms at 96 (halves 0.810)
-        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),  # 1.56 ms at 192
+        (16, _t(16, 64, 128, 4, 3, 8, "fp8", "lut", 1)),
+        (32, _t(32, 256, 64, 4, 3, 16, "fp8", "lut", 1, W_TMA=1, SCALE_AHEAD=1, A_QUADS=1)),
+        (64, _t(64, 64, 128, 4, 3, 8, "fp8", "halves", 1)),
+        (128, _t(128, 64, 128, 8, 3, 8, "fp8_row", "lut", SCALE_AHEAD=1)),
+        (math.inf, _t(128, 64, 128, 4, 3, 8, "fp8", "halves")),
     ),
 }
 
@@ -288,27 +274,25 @@ def _g(bm: int, bn: int, w: int, st: int, g: int, swap: int, **switches: int | s
     return dict(_t(bm, bn, 128, w, st, g, "fp8_row", "lut", swap), IMPL="gluon", **switches)
 
 
-# sm_90 Gluon winners per rows-per-expert band: the DeepSeek-V4-Flash TP=2 tables' picks on the H200 after
-# session 23 (results/fp4_prefill.md; 33 of their 34 entries up to 33 rows the SWAP_AB 1 ring with RING_SPLIT,
-# SWAP_AB 0 tiles of 64 rows to 59, the warp-specialized 128-row tile above, also at 288-384 rows, where the
-# tables held Triton tiles until session 23 swept Gluon there: 1.72 against 2.70 ms for down at 384). Left to
-# the sweep: the variants measured faster on one K only, MAXNREG 96 (down's K 1024; slower at gate/up's 4096)
-# and the 16-row resident tile (1-3%, down at 10-12 rows). Down above 64 rows takes the tables' resident tile
-# with bf16 rows where its activations fit, else the same without residency. Comments: session 23's bench,
-# the table's pick against the Triton rung below at that density (ms; at 48 rows the tables' sweep time).
+# sm_90 Gluon tiles per rows-per-expert band, each band's tried in order: the DeepSeek-V4-Flash TP=2 tables'
+# picks on the H200 (docs/kernels/fp4_prefill.md, sm_90 heuristic): the SWAP_AB 1 ring with RING_SPLIT up to
+# 33 rows, 64-row SWAP_AB 0 tiles up to 64, the warp-specialized 128-row tile above. Down above 64 rows takes
+# the resident tile with bf16 rows where its activations fit, else the same without residency. Left to the
+# sweep: variants faster on one K only (MAXNREG 96, faster at down's K 1024 and slower at gate/up's 4096; the
+# 16-row resident tile).
 _HOPPER_GLUON: dict[str, tuple[tuple[float, tuple[dict, ...]], ...]] = {
     "gate_up": (
-        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.406 against 0.510 at 6 rows
-        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.477 against 0.711 at 24
-        (64, (_g(64, 128, 4, 3, 8, 0, MMA_HALVES=1),)),               # 0.726 at 48
-        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),      # 0.995 against 1.281 at 96
+        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
+        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
+        (64, (_g(64, 128, 4, 3, 8, 0, MMA_HALVES=1),)),
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),
     ),
     "down": (
-        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.211 (MAXNREG 96) against 0.258 at 6
-        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),  # 0.262 against 0.303 at 24
-        (64, (_g(64, 128, 4, 3, 8, 0, SCALE_RING=1),)),               # 0.358 at 48
-        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),  # 0.508 / 0.70
-                    _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),                 # at 96 rows
+        (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
+        (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
+        (64, (_g(64, 128, 4, 3, 8, 0, SCALE_RING=1),)),
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),
+                    _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),
     ),
 }
 # what every sm_90 part lets one program opt in to (H100 and H200 alike): the heuristic sees the arch only
@@ -342,10 +326,13 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def gemm_shapes(experts: int, hidden: int, inter: int, top_k: int) -> dict[str, dict[str, int]]:
-    """Each GEMM's table shape for one rank: gate/up [2*inter, hidden], down [hidden, inter]."""
-    return {"gate_up": {"E": experts, "N": 2 * inter, "K": hidden, "top_k": top_k},
-            "down": {"E": experts, "N": hidden, "K": inter, "top_k": top_k}}
+def gemm_shapes(experts: int, hidden: int, inter: int, top_k: int, *, gate_up_k: int | None = None,
+                down_k: int | None = None) -> dict[str, dict[str, int]]:
+    """Each GEMM's table shape for one rank: gate/up [2*inter, hidden], down [hidden, inter]. ``gate_up_k``
+    and ``down_k``: the K its weights were zero-padded to, if they were (``moetune.quant.pad_mxfp4_k``)."""
+    return {"gate_up": {"E": experts, "N": 2 * inter, "K": hidden if gate_up_k is None else gate_up_k,
+                        "top_k": top_k},
+            "down": {"E": experts, "N": hidden, "K": inter if down_k is None else down_k, "top_k": top_k}}
 
 
 class Fp4PrefillRules(TileRules):
@@ -395,12 +382,11 @@ class Fp4PrefillRules(TileRules):
             if gluon is not None:
                 return {**self.default, **gluon}
             return _fit(dict(self.default, **_hopper_pick(self.gemm, density)), shape)
-        # Seed 004's rule, measured on sm_89: the M tile tracks rows per expert, wide K tiles.
+        # Below sm_90 (a rule measured on sm_89): the M tile tracks rows per expert, wide K tiles.
         bm = 16 if density <= 16 else 32 if density <= 48 else 128
         return dict(self.default, BLOCK_SIZE_M=bm,
                     BLOCK_SIZE_N=64 if bm == 16 and self.gemm == "gate_up" else 128,
                     BLOCK_SIZE_K=128, num_warps=8 if bm >= 128 else 4)
-
 
 
 class GateUpRules(Fp4PrefillRules):

@@ -4,7 +4,7 @@ Pipeline: x is quantized per token per 128 to e4m3; routes are sorted by expert 
 padded to whole M-blocks; the gate/up GEMM (A row = token) writes one fp32 row per
 route; one fused kernel applies swiglu (optional clamp) times the routing weight in
 fp32 and quantizes the result the same way; the down GEMM (A row = route) writes fp32
-rows that are summed over top_k.
+(config OUT_DTYPE "bf16": bf16) rows that are summed over top_k.
 Inactive routes (``topk_ids == -1``) are dropped by the alignment, so nothing of
 theirs is read and they contribute zero.
 """
@@ -16,18 +16,15 @@ from typing import Any
 
 import torch
 
-from moetune.kernels.activations import gated_activation
-from moetune.kernels.fp4_prefill import triton_gemm as fp4_gemm
+from moetune.kernels.fp4_prefill import triton_gemm
 from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.kernels.fp4_prefill.align import Alignment, align_routes
-from moetune.kernels.fp4_prefill.config import GEMMS, normalize_config
+from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
+from moetune.kernels.fp4_prefill.inputs import check_inputs
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
-from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
-from moetune.quant.mxfp4 import dequantize_mxfp4
 
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)
-# Scale codes each decode handles exactly (see fp4_gemm).
+# Scale codes each decode handles exactly (see triton_gemm).
 SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "fp8_row": (2, 254), "f16": (2, 254),
                "fp8_scaled": (0, 248)}
 
@@ -57,69 +54,12 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
         src = torch.where(ids < align.routes, ids // a_div, torch.zeros_like(ids))
         a, a_scale = gather_rows_with_scales(a, a_scale, src)
     if gluon:
-        from moetune.kernels.fp4_prefill import (
-            gluon_gemm as fp4_wgmma,  # Gluon: imported when used, it has no interpreter
-        )
+        from moetune.kernels.fp4_prefill import gluon_gemm  # imported when used: Gluon has no interpreter
 
-        fp4_wgmma.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config,
-                         a_k_order=a_k_order)
+        gluon_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config,
+                          a_k_order=a_k_order)
     else:
-        fp4_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
-
-
-def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], dim: int) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name} must have dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
-    if t.dim() != dim:
-        raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
-    return t
-
-
-def _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                  topk_ids) -> tuple[int, int, int, int]:
-    """ValueError naming the argument; returns (experts, intermediate, and the two GEMMs' K: the hidden and
-    intermediate sizes, or what the weights were zero-padded to along K)."""
-    _tensor("x", x, _FLOATS, 2)
-    for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale),
-                    ("w2_packed", w2_packed), ("w2_scale", w2_scale)):
-        _tensor(name, t, (torch.uint8,), 3)
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension")
-    _tensor("topk_weights", topk_weights, _FLOATS, 2)
-    _tensor("topk_ids", topk_ids, (torch.int32, torch.int64), 2)
-    m, h = x.shape
-    if h % 32:
-        raise ValueError(f"x: hidden size {h} must be a multiple of 32 (the MXFP4 scale block)")
-    e, two_i, half_k1 = w13_packed.shape
-    k1 = 2 * half_k1
-    if not h <= k1 < h + 256 or k1 % 32:
-        raise ValueError(f"w13_packed must be [E, 2I, H/2] with H/2 = {h // 2} (or zero-padded along K by "
-                         f"under 256 to a multiple of 32), got {tuple(w13_packed.shape)}")
-    if two_i % 2 or (two_i // 2) % 32:
-        raise ValueError(f"w13_packed: 2I = {two_i} must be twice a multiple of 32")
-    inter = two_i // 2
-    if tuple(w13_scale.shape) != (e, two_i, k1 // 32):
-        raise ValueError(f"w13_scale must be [{e}, {two_i}, {k1 // 32}] to match w13_packed, "
-                         f"got {tuple(w13_scale.shape)}")
-    k2 = 2 * w2_packed.shape[2]
-    if w2_packed.shape[:2] != (e, h) or not inter <= k2 < inter + 256 or k2 % 32:
-        raise ValueError(f"w2_packed must be [{e}, {h}, {inter // 2}] (or zero-padded along K by under 256 "
-                         f"to a multiple of 32), got {tuple(w2_packed.shape)}")
-    if tuple(w2_scale.shape) != (e, h, k2 // 32):
-        raise ValueError(f"w2_scale must be [{e}, {h}, {k2 // 32}] to match w2_packed, "
-                         f"got {tuple(w2_scale.shape)}")
-    if topk_ids.shape[0] != m or topk_ids.shape[1] < 1:
-        raise ValueError(f"topk_ids must be [{m}, top_k], got {tuple(topk_ids.shape)}")
-    if tuple(topk_weights.shape) != tuple(topk_ids.shape):
-        raise ValueError(f"topk_weights must match topk_ids {tuple(topk_ids.shape)}, "
-                         f"got {tuple(topk_weights.shape)}")
-    for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale), ("w2_packed", w2_packed),
-                    ("w2_scale", w2_scale), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
-        if t.device != x.device:
-            raise ValueError(f"{name} is on {t.device}, x on {x.device}: all inputs must share a device")
-    return e, inter, k1, k2
+        triton_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
 
 
 def _configs(config: Mapping[str, Any] | None, shapes: dict[str, dict[str, int]],
@@ -174,13 +114,12 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             (and A_LAYOUT for gate/up); a missing GEMM asks the tile picker.
         validate: also check id ranges and scale codes (syncs with the host).
     """
-    experts, inter, k1, k2 = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                           topk_ids)
+    experts, inter, k1, k2 = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
+                                          topk_ids)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k
-    shapes = {"gate_up": {"E": experts, "N": 2 * inter, "K": k1, "top_k": top_k},
-              "down": {"E": experts, "N": h, "K": k2, "top_k": top_k}}
+    shapes = gemm_shapes(experts, h, inter, top_k, gate_up_k=k1, down_k=k2)
     cfgs = _configs(config, shapes, routes)
     if validate:
         _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts)
@@ -190,11 +129,11 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     # IMPL gluon reads its activations in the wgmma K order: their producers write it (no copy).
     order = {g: "wgmma" if cfgs[g]["IMPL"] == "gluon" else "real" for g in GEMMS}
     if "wgmma" in order.values():
-        from moetune.kernels.fp4_prefill import gluon_gemm as fp4_wgmma
+        from moetune.kernels.fp4_prefill import gluon_gemm
 
         for gemm, a_k, w in (("gate_up", k1, w13_packed), ("down", k2, w2_packed)):
             if order[gemm] == "wgmma":
-                fp4_wgmma.check_problem(a_k, w, cfgs[gemm])
+                gluon_gemm.check_problem(a_k, w, cfgs[gemm])
     xq, xs = act_quant(x, k_order=order["gate_up"], width=k1)
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
@@ -210,30 +149,3 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
                  a_k_order=order["down"])
     return moe_sum(down, topk_ids, x.dtype)
-
-
-def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
-                              w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                              topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
-                              config: Mapping[str, Any] | None = None,
-                              validate: bool = False) -> torch.Tensor:
-    """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
-    ``config`` is ignored."""
-    experts, inter, _, _ = _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                         topk_ids)
-    m, h = x.shape
-    out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
-    if m == 0:
-        return out.to(x.dtype)
-    xd = dequantize_fp8_act(*quantize_fp8_act(x))
-    ids = topk_ids.long()
-    if validate and ((ids < -1) | (ids >= experts)).any():
-        raise ValueError(f"topk_ids has ids outside [-1, {experts})")
-    for e in torch.unique(ids[ids >= 0]).tolist():
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        gu = xd[tok] @ dequantize_mxfp4(w13_packed[e], w13_scale[e])[:, :h].T
-        act = gated_activation(gu[:, :inter], gu[:, inter:], "silu", swiglu_limit)
-        act = act * topk_weights[tok, slot].float().unsqueeze(1)
-        hd = dequantize_fp8_act(*quantize_fp8_act(act))
-        out.index_add_(0, tok, hd @ dequantize_mxfp4(w2_packed[e], w2_scale[e])[:, :inter].T)
-    return out.to(x.dtype)

@@ -1,6 +1,6 @@
 """The grouped GEMM of the FP4 prefill path: fp8 activations x MXFP4 expert weights, fp32 accumulation.
 
-One program per (M-block, N-tile) of the expert-aligned routes (see ``moe_align``);
+One program per (M-block, N-tile) of the expert-aligned routes (see ``align``);
 programs past the padded count exit before reading anything. E2M1 codes are decoded
 inside the K loop with integer ops and no lookup table; two switches pick how.
 
@@ -80,6 +80,12 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moetune.device import interpreter_active
+from moetune.kernels.fp4_prefill.ptx import (
+    E2M1_TO_E4M3_ASM,
+    E2M1_TO_E4M3_LUT_ASM,
+    E2M1_TO_F16_ASM,
+    E4M3_POOL_ASM,
+)
 
 DECODES = {"bf16": 0, "fp8": 1, "fp8_scaled": 2, "f16": 3, "fp8_row": 4}
 UNPACKS = {"join": 0, "asm": 1, "asm16": 2, "halves": 3, "lut": 4}
@@ -96,75 +102,6 @@ def e4m3_pools(device: torch.device) -> torch.Tensor:
     vals = torch.tensor(_E2M1_MAGNITUDES) * torch.exp2(1 - d)
     return vals.to(torch.float8_e4m3fn).view(torch.uint8).view(torch.int32).to(device)
 
-# Four packed bytes (eight codes) -> low-nibble e4m3 bytes ($0) and high-nibble e4m3 bytes ($1).
-_E2M1_TO_E4M3_ASM = tl.constexpr("""
-{
-.reg .b32 t0, t1;
-shl.b32 t0, $2, 2;
-shl.b32 t1, $2, 4;
-and.b32 t0, t0, 0x1C1C1C1C;
-and.b32 t1, t1, 0x80808080;
-or.b32 $0, t0, t1;
-shr.b32 t0, $2, 2;
-and.b32 t0, t0, 0x1C1C1C1C;
-and.b32 t1, $2, 0x80808080;
-or.b32 $1, t0, t1;
-}
-""")
-
-
-# Four packed bytes b0..b3 -> fp16 bits of the low nibbles ($0 = b0, b1; $1 = b2, b3) and of the
-# high nibbles ($2, $3): each byte is spread to bits 8..15 of a 16-bit lane by prmt, then
-# high nibble: (t >> 3) & 0x0E00 | t & 0x8000; low nibble: (t << 1) & 0x0E00 | (t << 4) & 0x8000.
-_E2M1_TO_F16_ASM = tl.constexpr("""
-{
-.reg .b32 t, u, v;
-prmt.b32 t, $4, 0, 0x1404;
-shl.b32 u, t, 1;
-shl.b32 v, t, 4;
-and.b32 u, u, 0x0E000E00;
-and.b32 v, v, 0x80008000;
-or.b32 $0, u, v;
-shr.b32 u, t, 3;
-and.b32 u, u, 0x0E000E00;
-and.b32 v, t, 0x80008000;
-or.b32 $2, u, v;
-prmt.b32 t, $4, 0, 0x3424;
-shl.b32 u, t, 1;
-shl.b32 v, t, 4;
-and.b32 u, u, 0x0E000E00;
-and.b32 v, v, 0x80008000;
-or.b32 $1, u, v;
-shr.b32 u, t, 3;
-and.b32 u, u, 0x0E000E00;
-and.b32 v, t, 0x80008000;
-or.b32 $3, u, v;
-}
-""")
-
-
-# Four packed bytes b0..b3 (codes k0..k7, k0 = b0's low nibble) -> the re-based e4m3 bytes of k0..k3 ($0)
-# and k4..k7 ($1). $3 / $7 are element 0's pool (bytes 0-3 / 4-7: the e4m3 of magnitudes 0, .5, 1, 1.5 /
-# 2, 3, 4, 6 times 2^(1 - d)); the pack's four elements share it ($4-$6, $8-$10 unused). The codes with
-# their sign bits cleared are the prmt selectors as they lie (bit 3 clear: no sign-replicate mode); the
-# signs, bit 3 or 7 of a byte, meet at bit 7 of a second prmt of the bytes and the bytes shifted by 4.
-_E2M1_TO_E4M3_LUT_ASM = tl.constexpr("""
-{
-.reg .b32 m, t, u, v;
-and.b32 m, $2, 0x77777777;
-shl.b32 t, $2, 4;
-prmt.b32 u, $3, $7, m;
-prmt.b32 v, t, $2, 0x5140;
-and.b32 v, v, 0x80808080;
-or.b32 $0, u, v;
-shr.b32 m, m, 16;
-prmt.b32 u, $3, $7, m;
-prmt.b32 v, t, $2, 0x7362;
-and.b32 v, v, 0x80808080;
-or.b32 $1, u, v;
-}
-""")
-
 
 @triton.jit
 def _quads(x, ROWS: tl.constexpr, COLS: tl.constexpr):
@@ -173,35 +110,6 @@ def _quads(x, ROWS: tl.constexpr, COLS: tl.constexpr):
     x4 = tl.permute(tl.reshape(x, (ROWS, COLS // 8, 2, 4)), (0, 1, 3, 2))
     first, second = tl.split(x4)
     return tl.reshape(first, (ROWS, COLS // 2)), tl.reshape(second, (ROWS, COLS // 2))
-
-
-# A re-base distance d ($2, 0..LUT_MAX_D) -> its pool ($0: e4m3 bytes of magnitudes 0, .5, 1, 1.5 times
-# 2^(1 - d); $1: of 2, 3, 4, 6), made in registers: f16x2 products with 2^(1 - d) (exact), then the
-# hardware's round-to-nearest-even e4m3 conversion, as ``halves``' fp16 path rounds. The lower half of
-# each f16x2 becomes the lower byte.
-_E4M3_POOL_ASM = tl.constexpr("""
-{
-.reg .b32 f, p0, p1, p2, p3;
-.reg .b16 q0, q1, q2, q3;
-sub.u32 f, 16, $2;
-shl.b32 f, f, 10;
-prmt.b32 f, f, f, 0x1010;
-mov.b32 p0, 0x38000000;
-mov.b32 p1, 0x3E003C00;
-mov.b32 p2, 0x42004000;
-mov.b32 p3, 0x46004400;
-mul.rn.f16x2 p0, p0, f;
-mul.rn.f16x2 p1, p1, f;
-mul.rn.f16x2 p2, p2, f;
-mul.rn.f16x2 p3, p3, f;
-cvt.rn.satfinite.e4m3x2.f16x2 q0, p0;
-cvt.rn.satfinite.e4m3x2.f16x2 q1, p1;
-cvt.rn.satfinite.e4m3x2.f16x2 q2, p2;
-cvt.rn.satfinite.e4m3x2.f16x2 q3, p3;
-mov.b32 $0, {q0, q1};
-mov.b32 $1, {q2, q3};
-}
-""")
 
 
 @triton.jit
@@ -221,7 +129,7 @@ def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM:
     bytes come in aligned runs of four along K (one register): so they do in the dot-operand layouts
     Triton gives these tiles, and the accuracy check of every candidate would catch one where not."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(tl.int32, tl.int32),
+        lo, hi = tl.inline_asm_elementwise(E4M3_POOL_ASM, "=r,=r,r", [d], dtype=(tl.int32, tl.int32),
                                            is_pure=True, pack=1)
     else:
         lo = tl.load(lut_ptr + 2 * d)
@@ -229,7 +137,7 @@ def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM:
     lo_pool = tl.reshape(tl.broadcast_to(lo[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
     hi_pool = tl.reshape(tl.broadcast_to(hi[:, :, None], (ROWS, G, 16)), (ROWS, G * 16))
     if USE_ASM:
-        first, second = tl.inline_asm_elementwise(_E2M1_TO_E4M3_LUT_ASM, "=r,=r,r,r,r,r,r,r,r,r,r",
+        first, second = tl.inline_asm_elementwise(E2M1_TO_E4M3_LUT_ASM, "=r,=r,r,r,r,r,r,r,r,r,r",
                                                   [packed, lo_pool, hi_pool], dtype=(tl.uint8, tl.uint8),
                                                   is_pure=True, pack=4)
     else:  # the same lookup one code at a time, then the same halves
@@ -248,7 +156,7 @@ def _lut_quads(packed, d, lut_ptr, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM:
 def _f16_codes(packed, ROWS: tl.constexpr, G: tl.constexpr, USE_ASM: tl.constexpr):
     """uint8 [ROWS, G * 16] packed codes -> float16 [ROWS, G, 32] = e2m1 * 2^-14 (exact), k order kept."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
+        lo, hi = tl.inline_asm_elementwise(E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
         w16 = tl.reshape(tl.join(lo, hi), (ROWS, G, 32))
     else:
@@ -282,7 +190,7 @@ def _scaled(w16, fac, ROWS: tl.constexpr, G: tl.constexpr, W: tl.constexpr, DTYP
 def _f16_halves(packed, USE_ASM: tl.constexpr):
     """uint8 [ROWS, C] packed codes -> (even-k, odd-k) float16 [ROWS, C] = e2m1 * 2^-14, not interleaved."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
+        lo, hi = tl.inline_asm_elementwise(E2M1_TO_F16_ASM, "=r,=r,=r,=r,r", [packed],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     else:
         c = packed.to(tl.int16)
@@ -315,7 +223,7 @@ def _cols(v, SWAP_AB: tl.constexpr):
 def _e4m3_raw(packed, ROWS: tl.constexpr, COLS: tl.constexpr, USE_ASM: tl.constexpr):
     """uint8 [ROWS, COLS // 2] packed codes -> float8e4nv [ROWS, COLS] holding e2m1 * 2^-6, k order kept."""
     if USE_ASM:
-        lo, hi = tl.inline_asm_elementwise(_E2M1_TO_E4M3_ASM, "=r,=r,r", [packed],
+        lo, hi = tl.inline_asm_elementwise(E2M1_TO_E4M3_ASM, "=r,=r,r", [packed],
                                            dtype=(tl.uint8, tl.uint8), is_pure=True, pack=4)
     else:
         lo = ((packed << 2) & 0x1C) | ((packed << 4) & 0x80)

@@ -12,13 +12,13 @@ import struct
 import numpy as np
 import torch
 
-from moetune.kernels.fp4_prefill.triton_gemm import (
-    _E2M1_TO_E4M3_ASM,
-    _E2M1_TO_E4M3_LUT_ASM,
-    _E2M1_TO_F16_ASM,
-    _E4M3_POOL_ASM,
-    e4m3_pools,
+from moetune.kernels.fp4_prefill.ptx import (
+    E2M1_TO_E4M3_ASM,
+    E2M1_TO_E4M3_LUT_ASM,
+    E2M1_TO_F16_ASM,
+    E4M3_POOL_ASM,
 )
+from moetune.kernels.fp4_prefill.triton_gemm import e4m3_pools
 from moetune.quant.mxfp4 import E2M1_VALUES
 
 M32 = 0xFFFFFFFF
@@ -89,7 +89,7 @@ def test_f16_ptx_decodes_every_byte():
     """Four bytes per register: $0/$1 = low nibbles of b0,b1 / b2,b3, $2/$3 = high nibbles, f16x2."""
     for start in range(0, 256, 4):
         packed = [(start + i * 67) % 256 for i in range(4)]  # every byte value appears in every lane
-        out = _run(_E2M1_TO_F16_ASM.value, {"$4": int.from_bytes(bytes(packed), "little")})
+        out = _run(E2M1_TO_F16_ASM.value, {"$4": int.from_bytes(bytes(packed), "little")})
         lo = [_f16(out[r] >> s & 0xFFFF) for r in ("$0", "$1") for s in (0, 16)]
         hi = [_f16(out[r] >> s & 0xFFFF) for r in ("$2", "$3") for s in (0, 16)]
         assert lo == [_e2m1(b & 15) * 2.0 ** -14 for b in packed]
@@ -99,7 +99,7 @@ def test_f16_ptx_decodes_every_byte():
 def test_e4m3_ptx_decodes_every_byte():
     for start in range(0, 256, 4):
         packed = [(start + i * 67) % 256 for i in range(4)]
-        out = _run(_E2M1_TO_E4M3_ASM.value, {"$2": int.from_bytes(bytes(packed), "little")})
+        out = _run(E2M1_TO_E4M3_ASM.value, {"$2": int.from_bytes(bytes(packed), "little")})
         assert [_e4m3(out["$0"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b & 15) / 64 for b in packed]
         assert [_e4m3(out["$1"] >> 8 * i & 0xFF) for i in range(4)] == [_e2m1(b >> 4) / 64 for b in packed]
 
@@ -116,7 +116,7 @@ def test_lut_ptx_looks_up_every_code_at_every_rebase_distance():
             codes = [c for b in packed for c in (b & 15, b >> 4)]
             regs = {"$2": int.from_bytes(bytes(packed), "little"), "$3": lo_pool & M32, "$7": hi_pool & M32,
                     **{f"${r}": 0xDEADBEEF for r in (4, 5, 6, 8, 9, 10)}}
-            out = _run(_E2M1_TO_E4M3_LUT_ASM.value, regs)
+            out = _run(E2M1_TO_E4M3_LUT_ASM.value, regs)
             got = [_e4m3(out[r] >> 8 * i & 0xFF) for r in ("$0", "$1") for i in range(4)]
             assert got == [want[c] for c in codes]
             signs = [out[r] >> 8 * i & 0x80 for r in ("$0", "$1") for i in range(4)]
@@ -127,5 +127,5 @@ def test_pool_ptx_makes_the_interpreters_table_at_every_rebase_distance():
     """The GPU makes lut's pools in registers (f16x2 products, RNE e4m3 conversion); the interpreter reads
     ``e4m3_pools``. Both must give the same bytes, the subnormal and zero pools included."""
     for d, (lo, hi) in enumerate(e4m3_pools(torch.device("cpu")).tolist()):
-        out = _run(_E4M3_POOL_ASM.value, {"$2": d})
+        out = _run(E4M3_POOL_ASM.value, {"$2": d})
         assert (out["$0"], out["$1"]) == (lo & M32, hi & M32), d

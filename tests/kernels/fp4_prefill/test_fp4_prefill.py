@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
+from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
 from moetune.quant import pad_mxfp4_k, quantize_mxfp4
 from moetune.routing import make_routes
 

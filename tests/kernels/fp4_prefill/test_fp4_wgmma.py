@@ -1,4 +1,4 @@
-"""IMPL "gluon": the Gluon FP4 GEMM for sm_90 (moetune/kernels/fp4_wgmma.py).
+"""IMPL "gluon": the Gluon FP4 GEMM for sm_90 (moetune/kernels/fp4_prefill/gluon_*.py).
 
 Gluon has no interpreter, so on the CPU: the activation K order, the config and problem constraints, the
 refusal to launch off a GPU, and an offline sm_90 compile of the kernel with the installed Triton (its
@@ -251,7 +251,7 @@ def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
 
     code = (
         "import json, sys\n"
-        "from moetune.kernels.fp4_wgmma import compile_for_sm90\n"
+        "from moetune.kernels.fp4_prefill.gluon_gemm import compile_for_sm90\n"
         "cfg = json.loads(sys.argv[1])\n"
         "k = compile_for_sm90(cfg, out_dtype=cfg.get('OUT_DTYPE', 'fp32'))\n"
         "import re\n"
@@ -302,7 +302,8 @@ def _moe_inputs_on_gpu(*, h: int, i: int, seed: int, m: int = 40, e: int = 8):
 def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, scale_ring):
     """fp4_prefill_moe with IMPL gluon for both GEMMs against the fp32 reference, skewed and partly inactive
     routes (empty experts, partial M-blocks), K tails none (the kernel needs K % 256 == 0)."""
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
 
     x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=512, i=256, seed=5)
     cfg = {**GLUON, "SWAP_AB": swap, "BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "num_stages": stages,
@@ -319,7 +320,8 @@ def test_gluon_matches_reference_on_gpu(swap, bm, bn, warps, stages, layout, sca
 def test_gluon_runs_weights_zero_padded_along_k_on_gpu(swap, bm, bn, warps, stages):
     """H 384 and I 160 (not multiples of 256) with both weight banks zero-padded to 512 and 256 (pad_mxfp4_k):
     IMPL gluon against the fp32 reference of the unpadded weights."""
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
     from moetune.quant import pad_mxfp4_k
 
     x, w13, w2, wts, ids = _moe_inputs_on_gpu(h=384, i=160, seed=9)
@@ -337,7 +339,8 @@ def test_gluon_reads_either_k_order_on_gpu():
     """grouped_gemm with A in real order (permuted by the launcher) and in the wgmma order (as the producers
     write it) gives the same bits; the pipeline mixes a Gluon gate/up with a Triton down."""
     from moetune.kernels.fp4_prefill.align import align_routes
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference, grouped_gemm
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, grouped_gemm
+    from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
     from moetune.quant import quantize_fp8_act, quantize_mxfp4
     from moetune.routing import make_routes
 
@@ -531,7 +534,8 @@ def test_bf16_rows_are_the_fp32_rows_rounded_on_gpu(config):
 def test_smem_variants_match_reference_on_gpu(switch):
     """fp4_prefill_moe with MMA_HALVES or DECODE_WARPS for both GEMMs (K 1024 and 512; DECODE_WARPS' down with
     A_RESIDENT and bf16 rows) against the fp32 reference."""
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe, fp4_prefill_moe_reference
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.reference import fp4_prefill_moe_reference
     from moetune.quant import quantize_mxfp4
     from moetune.routing import make_routes
 

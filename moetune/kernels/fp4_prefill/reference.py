@@ -1,0 +1,41 @@
+"""The FP4 prefill MoE in pure torch (fp32 math on the dequantized weights): what ``fp4_prefill_moe`` is
+checked against."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from moetune.kernels.activations import gated_activation
+from moetune.kernels.fp4_prefill.inputs import check_inputs
+from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
+from moetune.quant.mxfp4 import dequantize_mxfp4
+
+
+def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
+                              w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
+                              topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+                              config: Mapping[str, Any] | None = None,
+                              validate: bool = False) -> torch.Tensor:
+    """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
+    ``config`` is ignored."""
+    experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
+                                        topk_ids)
+    m, h = x.shape
+    out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return out.to(x.dtype)
+    xd = dequantize_fp8_act(*quantize_fp8_act(x))
+    ids = topk_ids.long()
+    if validate and ((ids < -1) | (ids >= experts)).any():
+        raise ValueError(f"topk_ids has ids outside [-1, {experts})")
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        gu = xd[tok] @ dequantize_mxfp4(w13_packed[e], w13_scale[e])[:, :h].T
+        act = gated_activation(gu[:, :inter], gu[:, inter:], "silu", swiglu_limit)
+        act = act * topk_weights[tok, slot].float().unsqueeze(1)
+        hd = dequantize_fp8_act(*quantize_fp8_act(act))
+        out.index_add_(0, tok, hd @ dequantize_mxfp4(w2_packed[e], w2_scale[e])[:, :inter].T)
+    return out.to(x.dtype)
