@@ -3,7 +3,7 @@
 The sweep's process never touches the GPU's kernels. Each worker is a spawned
 process holding one CUDA context; it answers tasks over a pipe. A candidate that
 raises is classified here; one that aborts, segfaults or hangs is seen by the
-parent (:mod:`moetune.tuner.runner`) as a dead or silent worker. After a CUDA error the
+parent (:mod:`moetune.tuner.backends.process`) as a dead or silent worker. After a CUDA error the
 context may be corrupt, so the worker says so and exits, and the parent starts a
 new one. Its stdout/stderr go to a log file whose tail becomes the crash reason.
 """
