@@ -230,7 +230,7 @@ class _CompileInputs:
     (only the binary matters there), for the spec's :meth:`~moetune.specs.base.KernelSpec.compile_problem`.
     Its weights come from a pool, made once per shape one worker at a time: the measurements' pool
     when the stand-in is the problem itself, else a pool of stand-in weights (fewer experts, still
-    gigabytes at DeepSeek-V3 TP1; thirty workers drawing them at once ran an H200 out of memory)."""
+    gigabytes at DeepSeek-V3 TP1: dozens of workers drawing them at once run a GPU out of memory)."""
 
     def __init__(self) -> None:
         self.key: Any = None
