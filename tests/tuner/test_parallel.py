@@ -72,6 +72,18 @@ def test_make_runner_picks_the_backend(monkeypatch):
         make_runner(ray_address="auto")
 
 
+def test_every_backend_implements_the_one_interface():
+    from moetune.tuner.backends.base import PoolBackend, SequentialBackend
+    from moetune.tuner.backends.ray import RayBackend
+
+    assert issubclass(Runner, SequentialBackend)
+    assert issubclass(LocalBackend, PoolBackend) and issubclass(RayBackend, PoolBackend)
+    runner = Runner(timeout=1.0, jobs=0)  # what a single-worker backend leaves to the defaults
+    assert runner.states == {} and runner.workers == [] and runner.compiling() is None
+    assert runner.idle_compilers() == 0 and runner.prefetch({"mode": "measure"}) is None
+    runner.close()
+
+
 def test_ray_missing_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(ValueError, match=r"pip install 'moetune\[ray\]'"):
