@@ -53,8 +53,9 @@ def main() -> None:
         args.model, args.tp, args.tokens, args.budget = "tiny", 1, 1, 3
     from moetune.models import get_model
     from moetune.specs.registry import get_spec
-    from moetune.tuner.parallel import LocalBackend, ParallelSweep
-    from moetune.tuner.runner import Runner
+    from moetune.tuner.backends.local import LocalBackend
+    from moetune.tuner.backends.process import Runner
+    from moetune.tuner.parallel import ParallelSweep
     from moetune.tuner.store import Store
     from moetune.tuner.sweep import Sweep
 

@@ -39,7 +39,7 @@ from moetune.models import get_model
 from moetune.problem import canonical_json
 from moetune.specs.registry import get_spec
 from moetune.tables.picker import pick_config
-from moetune.tuner.runner import Runner
+from moetune.tuner.backends.process import Runner
 
 
 def variants(table: dict, probe: str) -> dict[str, dict]:

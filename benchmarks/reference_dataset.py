@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 from moetune.problem import canonical_json
-from moetune.tuner.parallel import ParallelSweep, make_runner
+from moetune.tuner.factory import make_runner
+from moetune.tuner.parallel import ParallelSweep
 from moetune.tuner.problems import build_plan
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import STRATEGIES

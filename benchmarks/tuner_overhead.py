@@ -38,7 +38,7 @@ def phase_crash(db: Path, model: str, timeout: float) -> dict:
 
     from moetune.models import get_model
     from moetune.specs.registry import get_spec
-    from moetune.tuner.runner import Runner
+    from moetune.tuner.backends.process import Runner
     from moetune.tuner.store import Store
     from moetune.tuner.sweep import Sweep
 
@@ -137,8 +137,8 @@ def main() -> None:
 
     from moetune.device import device_info
     from moetune.specs.registry import get_spec
+    from moetune.tuner.backends.process import Runner
     from moetune.tuner.problems import build_plan
-    from moetune.tuner.runner import Runner
     from moetune.tuner.sweep import plan_points
 
     dev = device_info()

@@ -87,8 +87,8 @@ def bench(
                                                     "shares or fuses them (per-kernel figures)")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
+    from moetune.tuner.backends.process import Runner
     from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
-    from moetune.tuner.runner import Runner
 
     kernels = kernel_list(kernel)
     with user_errors():  # every check before a worker starts

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import statistics
 import time
@@ -10,114 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Group
-from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 
 from moetune.cli import app
 from moetune.cli._common import DEFAULT_DB, console, fail, kernel_list, split_list, user_errors
-
-STATUS_STYLE = {"ok": "green", "inaccurate": "yellow", "compile_error": "magenta", "crash": "red",
-                "timeout": "red", "invalid": "dim"}
-LIVE_POINTS = 12  # rows of the best-so-far table shown while sweeping
-
-
-SHORT_KEYS = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-              "num_warps": "w", "num_stages": "s", "SPLIT_K": "SK", "ROWS_PER_PROGRAM": "R"}
-
-
-def _short(config: dict[str, Any] | None) -> str:
-    if config is None:
-        return ""
-    return " ".join(f"{SHORT_KEYS[k]}{v}" if k in SHORT_KEYS else f"{k}={v}" for k, v in config.items())
-
-
-def _point(p: Any) -> str:
-    text = f"t{p.tokens} r{p.routes}"
-    if p.active_fraction != 1:
-        text += f" a{p.active_fraction:g}"
-    return text if p.routing == "uniform" else f"{text} {p.routing}"
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.4g}"
-
-
-class Display:
-    """Rich progress bar (counts by status, ETA) above a best-so-far table per density."""
-
-    def __init__(self, interpreter: bool):
-        self.interpreter = interpreter
-        self.counts: collections.Counter = collections.Counter()
-        self.progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 TextColumn("{task.description}"), console=console)
-        self.task = self.progress.add_task("", total=None)
-        self.points: list[Any] = []
-        self.current: Any = None
-        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
-
-    def __enter__(self) -> Display:
-        self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.live.update(self._render())
-        self.live.__exit__(*exc)
-
-    def _table(self) -> Table:
-        t = Table(title="best so far", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("kernel", "point", "done", "best ms", "default ms", "speedup", "best config"):
-            t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
-        shown = [pt for pt in self.points if pt.counts or pt.already or pt is self.current][-LIVE_POINTS:]
-        for pt in shown:
-            t.add_row(pt.problem.kernel, _point(pt.problem), str(sum(pt.counts.values()) + pt.already),
-                      _ms(pt.best.time_ms if pt.best else None),
-                      _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
-                      f"{pt.speedup:.2f}x" if pt.speedup else "-",
-                      _short(pt.best.config if pt.best else None),
-                      style="bold" if pt is self.current else None)
-        return t
-
-    def _render(self) -> Group:
-        return Group(self.progress, self._table())
-
-    def on_event(self, kind: str, **data: Any) -> None:
-        if kind == "start":
-            self.points = data["points"]
-            self.progress.update(self.task, total=data["total"])
-        elif kind == "point":
-            self.current = data["point"]
-        elif kind == "result":
-            self.counts[data["obs"].status] += 1
-            text = " ".join(f"[{STATUS_STYLE[s]}]{s} {n}[/]" for s, n in sorted(self.counts.items()))
-            self.progress.update(self.task, advance=1, description=text)
-        self.live.update(self._render())
-
-
-def summary_table(points: list[Any], interpreter: bool) -> Table:
-    t = Table(title="sweep summary" + (" (interpreter: times are meaningless)" if interpreter else ""),
-              title_justify="left")
-    for col in ("kernel", "point", "cand", "pruned", "new", "ok", "rej", "fail", "best ms", "default ms",
-                "speedup", "best config"):
-        t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
-    for pt in points:
-        c = pt.counts
-        failed = c["compile_error"] + c["crash"] + c["timeout"] + c["invalid"]
-        t.add_row(pt.problem.kernel, _point(pt.problem), str(len(pt.candidates)), str(pt.pruned),
-                  str(sum(c.values())), str(c["ok"]), str(c["inaccurate"]), str(failed),
-                  _ms(pt.best.time_ms if pt.best else None),
-                  _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
-                  f"{pt.speedup:.2f}x" if pt.speedup else "-", _short(pt.best.config if pt.best else None))
-    return t
+from moetune.cli.display import Display, summary_table
 
 
 def _diagnostics(sw: Any, startup: dict[str, float], interpreter: bool) -> None:
@@ -129,11 +24,11 @@ def _diagnostics(sw: Any, startup: dict[str, float], interpreter: bool) -> None:
 
         phases = pd.DataFrame(sw.phases_ms).median()
         console.print("per candidate, median ms: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    busy = getattr(sw, "measuring_busy", None)
+    busy = sw.measuring_busy
     if busy is not None and not interpreter:
         console.print(f"measuring workers busy {busy:.0%} of the time between their first task and the last "
                       "result" + (" (the rest waiting for compiles: compile-bound)" if busy < 0.85 else ""))
-    comp = sw.compiling() if hasattr(sw, "compiling") else None
+    comp = sw.compiling()
     if comp is not None and not interpreter:
         busy = f"busy {comp['busy']:.0%} of the time, " if comp["busy"] is not None else ""
         console.print(f"compile workers: {comp['tasks']} tasks, {busy}median task {comp['wall_s']:.2f} s, "
@@ -206,13 +101,12 @@ def sweep(
                                                                   "steps")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
-    from moetune.cli._workers import WorkerDisplay
     from moetune.device import device_info
-    from moetune.tuner.parallel import make_runner
+    from moetune.tuner.factory import make_runner
     from moetune.tuner.problems import build_plan
     from moetune.tuner.store import Store
     from moetune.tuner.strategies import DEFAULT_STRATEGY, get_strategy
-    from moetune.tuner.sweep import Sweep, check_retry, load_starts, plan_points
+    from moetune.tuner.sweep import check_retry, load_starts, plan_points
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         device = device_info()
@@ -230,8 +124,7 @@ def sweep(
         runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
                                      ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs,
                                      timing={"slow_ratio": 0.0} if full_timing else None)
-        if hasattr(runner, "launch"):  # worker processes import torch and Triton while the space is planned
-            runner.launch()
+        runner.launch()  # worker processes import torch and Triton while the space is planned
         try:
             t_plan = time.monotonic()
             points = plan_points(plan.problems, device, full_space=full_space)
@@ -240,9 +133,8 @@ def sweep(
         except ValueError:
             runner.close()
             raise
-        extra = {"prefetch": prefetch} if driver is not Sweep else {}
         sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                    retry=retries, starts=starts, full_space=full_space, **extra)
+                    retry=retries, starts=starts, full_space=full_space, prefetch=prefetch)
         points = sw.plan(points, device)
     interpreter = not device.is_gpu
     for note in plan.notes:
@@ -258,9 +150,7 @@ def sweep(
     skipped = "" if full_space else " and dominated designs"
     console.print(f"{len(points)} point(s), {sum(len(pt.candidates) for pt in points)} candidates after "
                   f"constraints{skipped} ({pruned} pruned), strategy {strategy}, store {db}")
-    display = None
-    if not quiet:  # several workers: one row each
-        display = Display(interpreter) if driver is Sweep else WorkerDisplay(interpreter, runner)
+    display = None if quiet else Display(interpreter, runner)
     shown = display.on_event if display else sw.on_event
 
     def on_event(kind: str, **kw: Any) -> None:

@@ -3,7 +3,7 @@
 For each problem three configs are compared: the spec's shipped default, its
 heuristic (the picker's fallback) and the picker's answer (a table entry, or the
 heuristic where no table covers the point). Each goes through the tuner's
-:class:`~moetune.tuner.runner.Runner` (accuracy check against the reference first, then
+:class:`~moetune.tuner.backends.process.Runner` (accuracy check against the reference first, then
 CUDA-graph replays or L2-flushed event timing, as in a sweep), so a bench number
 and a sweep number for the same config mean the same thing. Configs that are
 equal once the default fills missing keys are measured once and reported for
@@ -25,7 +25,8 @@ from moetune.device import DeviceInfo
 from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.base import KernelSpec
 from moetune.specs.registry import get_spec
-from moetune.tuner.runner import Runner
+from moetune.tuner.backends.base import SequentialBackend
+from moetune.tuner.backends.process import Runner
 
 INTERPRETER_NOTE = "Interpreter mode (no GPU): the times are wall clock of a CPU emulation and mean nothing."
 KERNEL_ONLY_NOTE = ("Kernel only: the fp8 GEMMs' route alignment and activation split were made before the "
@@ -177,14 +178,14 @@ def role_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> tupl
     return {role: {**spec.default, **dict(cfg)} for role, cfg in raw.items()}, pick
 
 
-def bench_problems(problems: Sequence[Problem], runner: Runner, *, repeat: int = 1, seed: int = 0,
-                   on_row: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
+def bench_problems(problems: Sequence[Problem], runner: SequentialBackend, *, repeat: int = 1,
+                   seed: int = 0, on_row: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
     """Measure the three roles at every problem on a started-or-not ``runner``; rows in problem order."""
     if repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {repeat}")
     device = runner.device or runner.start()
     result = BenchResult(device=device, versions=dict(runner.versions),
-                         kernel_only=bool(getattr(runner, "timing", {}).get("kernel_only")))
+                         kernel_only=bool(runner.timing.get("kernel_only")))
     for problem in problems:
         spec = get_spec(problem.kernel)
         configs, pick = role_configs(spec, problem, device)

@@ -145,10 +145,8 @@ class _Rows:
 def _merge_repeats(rows: list[dict]) -> _Point:
     """Repeats of one config at one point (re-measurements, pooled stores). Each is already a median
     of many runs, and interference on a shared GPU only ever slows a run, so the fastest repeat is the
-    config's time and the steadiest repeat's spread its noise. Session 6's H200 sweeps read the fp4
-    heuristic at 98304 routes at 6.75 and 6.27 ms (measured while compile workers used the same GPU)
-    and at 4.75 ms once they no longer did; an H200 row of the default read a p80-p20 spread of 436%:
-    neither slow readings nor one wild spread may decide an entry."""
+    config's time and the steadiest repeat's spread its noise: neither slow readings nor one wild
+    spread may decide an entry (see docs/tuner.md, "Export: repeats")."""
     times = sorted(r["time_ms"] for r in rows)
     mid = times[0]
     spread = min(_opt(r["spread"]) or 0.0 for r in rows)
@@ -158,9 +156,8 @@ def _merge_repeats(rows: list[dict]) -> _Point:
                   latest["timestamp"] or "", _opt(latest["triton_version"]))
 
 
-# Widest relative spread a noise band takes. Steady H200 readings spread 0.1-1%; a wider one is a
-# disturbed reading, not a wider truth: a 61% spread on the fp4 heuristic (gpt-oss-120b, 3072 routes)
-# tied it with a steady config 27% slower, which then won on its lower spread.
+# Widest relative spread a noise band takes: a wider one is a disturbed reading, not a wider truth, and
+# uncapped it ties a noisy config with much slower steady ones (see docs/tuner.md, "Export: ties").
 TIE_SPREAD_CAP = 0.1
 
 
@@ -172,8 +169,7 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
     # Decided at the density's typical point, the one the entry reports. The other points at this density
     # (skewed routing, part of the routes active) were searched apart, each with a budget of its own, so
     # a config's mean over the points it happened to be measured at compares configs over different
-    # points: pooling the session 7 skewed and partly active H200 sweeps that way replaced configs
-    # with ones up to 18% slower at the typical point in 16 of 21 entries (results/h200_tables/README.md).
+    # points, and picks slower configs at the typical one (see docs/tuner.md, "Export: typical point").
     measured = points[_typical(points)]
     if not set(measured) - banned:  # nothing accurate there: the next most typical point decides
         rest = {pt: m for pt, m in points.items() if set(m) - banned}
@@ -208,10 +204,9 @@ def _choose(spec: KernelSpec, points: dict[tuple, dict[str, _Point]], banned: se
 
 
 # Ok rows (configs) an exhaustive sweep needs at a point to take part in the cross-run rule, so that the
-# configs the sweeps share include every contender. Session 14:
-# two H200 runs, 4524 shared configs of DeepSeek-V3 TP8 gate/up at 16 tokens; each run's best was
-# 6-10% off in another run, and the config with the lowest worst ratio 1.6% off in every run
-# (benchmarks/cross_run.py, results/fp8_decode.md).
+# configs the sweeps share include every contender. One run's best can be several percent off in
+# another run; the config with the lowest worst ratio is close in all (see docs/tuner.md, "Export:
+# cross-run rule").
 CROSS_RUN_ROWS = 200
 
 
@@ -219,9 +214,9 @@ def _cross_run(raw: dict[str, list[dict]], banned: set[str]) -> str | None:
     """The config with the lowest worst (time / its sweep's best) over the exhaustive sweeps that each
     measured at least CROSS_RUN_ROWS configs at this point, among the configs they all measured; None
     where fewer than two sweeps qualify. Only exhaustive sweeps vote: a whole space measured by one
-    code version on one card. (The reference dataset's "exhaustive-slice" rows, session 5's kernels,
-    would otherwise outvote today's: its K-split rows include a sum launch the kernels no longer
-    run.)"""
+    code version on one card. (The reference dataset's "exhaustive-slice" rows, measured on older
+    kernels, would otherwise outvote today's: its K-split rows include a sum launch the kernels no
+    longer run.)"""
     per_sweep: dict[str, dict[str, float]] = defaultdict(dict)
     for cfg, rows in raw.items():
         if cfg in banned:
@@ -350,7 +345,7 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKA
            ) -> ExportResult:
     """Write the best configs of one store, or of several pooled (e.g. a new sweep's beside an older
     one's), into tables under ``out``; bad rows are reported, not exported. A store may also be given
-    as its CSV/Parquet export (``moetune results --csv``), the compact form kept under results/."""
+    as its CSV/Parquet export (``moetune results --csv``), the compact form kept in the repository."""
     from moetune.tuner.problems import resolve_kernels
     from moetune.tuner.store import read_frame
 

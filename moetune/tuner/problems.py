@@ -19,8 +19,8 @@ from moetune.specs.base import KernelSpec
 from moetune.specs.registry import all_specs, get_spec
 
 # Densities at most 1.5x apart: the picker serves a density between two table entries with the nearer
-# one's config, and on an H200 the best config moved enough between power-of-two entries that the pick
-# read 1.10-1.12x a direct sweep's best at 3 / 12 / 48 tokens and 4608 routes (results/README.md).
+# one's config, and between power-of-two entries the best config moves enough that the pick reads
+# well off a direct sweep's best (see docs/tuner.md, "Density grid").
 DECODE_TOKENS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DECODE_ACTIVE = (1.0, 0.5, 0.25)
 PREFILL_ROUTES = (768, 1152, 1536, 2304, 3072, 4608, 6144, 9216, 12288, 18432, 24576, 36864, 49152, 73728,

@@ -4,6 +4,11 @@ Every result is written the moment it arrives, so an interrupted or killed sweep
 keeps all it measured; a rerun skips candidates the store already holds for the
 same (kernel, device, shape, tokens, routes, active fraction, routing, config).
 The library reports progress through an ``on_event`` callback; the CLI draws it.
+
+:class:`Sweep` measures through a :class:`~moetune.tuner.backends.base.SequentialBackend`, one
+point at a time; :class:`~moetune.tuner.parallel.ParallelSweep` is the same interface over a
+:class:`~moetune.tuner.backends.base.PoolBackend`, every point at once.
+:func:`moetune.tuner.factory.make_runner` picks the pair for the CLI's options.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.base import KernelSpec
 from moetune.specs.registry import get_spec
 from moetune.tables.picker import table_neighbours
-from moetune.tuner.runner import Runner
+from moetune.tuner.backends.base import Backend, SequentialBackend
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import DEFAULT_STRATEGY, STRATEGIES, Observation, SearchContext, get_strategy
 from moetune.tuner.strategies.adaptive import AdaptiveStrategy
@@ -37,8 +42,8 @@ BATCH = 256
 # nothing about the config. An inaccurate config stays banned; invalid is the space's own verdict.
 RETRYABLE = ("crash", "timeout", "compile_error")
 # Other densities' bests an earlier sweep left in the store, offered as warm starts (nearest first):
-# a config that wins at one density is the likeliest to win next to it (session 11: the direct best at
-# 20 tokens was never measured at 24 by a fresh 100-measurement sweep there).
+# a config that wins at one density is the likeliest to win next to it, and a fresh search there may
+# never reach it (see docs/tuner.md, "Warm starts").
 STORE_HINTS = 4
 
 
@@ -47,6 +52,8 @@ def check_retry(statuses: Sequence[str]) -> frozenset[str]:
     if bad:
         raise ValueError(f"--retry {','.join(bad)}: only {', '.join(RETRYABLE)} can be measured again")
     return frozenset(statuses)
+
+
 REMEASURE = "remeasure"  # strategy tag of the final re-measurement rows
 
 
@@ -105,10 +112,8 @@ def load_starts(path: str | Path) -> list[Config]:
 def as_sibling_hint(spec: KernelSpec, config: Config) -> Config:
     """A config of another op of the same kernel path as a candidate of ``spec``: keys it lacks take
     the default's value, keys ``spec`` does not have are dropped. The ops of one path run one kernel on
-    other operands (gate/up and down of one layer), so at one density their best tiles often agree. In
-    the H200 reference data (results/reference/) the FP4 down winner is gate/up's best at 2 of 3
-    densities and 3% off at the third (11% the other way round); for FP8, whose two shapes differ far
-    more (K 7168 vs 256), it is 1-190% off: one measurement spent."""
+    other operands (gate/up and down of one layer), so at one density their best tiles often agree; where
+    they do not, it costs one measurement (see docs/tuner.md, "Warm starts")."""
     return {**spec.default, **{k: v for k, v in config.items() if k in spec.default}}
 
 
@@ -169,12 +174,22 @@ def plan_points(problems: Sequence[Problem], device: DeviceInfo, *, full_space: 
 
 
 class Sweep:
-    """Runs problems through a strategy, a runner and a store."""
+    """Runs problems through a strategy, a backend and a store.
 
-    def __init__(self, store: Store, runner: Runner, *, strategy: str = DEFAULT_STRATEGY,
+    The interface the CLI uses, shared by :class:`~moetune.tuner.parallel.ParallelSweep`: :meth:`plan`,
+    :meth:`run`, :meth:`cross`, :meth:`unused_starts`, ``on_event``, ``timed_out``, ``overhead_ms``,
+    ``phases_ms``, :attr:`measuring_busy` and :meth:`compiling`. ``prefetch``: idle compile workers
+    compile what the strategies will likely propose next; only the parallel driver has idle ones (this
+    one compiles its next batch ahead instead).
+    """
+
+    runner: Backend
+
+    def __init__(self, store: Store, runner: SequentialBackend, *, strategy: str = DEFAULT_STRATEGY,
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
                  sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None,
-                 retry: Sequence[str] = (), starts: Sequence[Config] = (), full_space: bool = False):
+                 retry: Sequence[str] = (), starts: Sequence[Config] = (), full_space: bool = False,
+                 prefetch: bool = False):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
@@ -187,6 +202,7 @@ class Sweep:
         self.strategy, self.budget, self.seed, self.batch = strategy, budget, seed, batch
         self.starts = [dict(c) for c in starts]  # the user's warm starts (``--start``), first at every point
         self.full_space = full_space  # also the designs the specs mark dominated (``--full-space``)
+        self.prefetch = prefetch
         self.on_event = on_event or (lambda *a, **k: None)
         self.sweep_id = sweep_id or uuid.uuid4().hex[:12]
         self.points: list[Point] = []
@@ -195,6 +211,15 @@ class Sweep:
         # per timed candidate, ms: inputs, reference, check, timing (kernel runs included), kernel, store,
         # worker (its whole task) and parent (submit to result, pipe and scheduling included)
         self.phases_ms: list[dict[str, float]] = []
+
+    @property
+    def measuring_busy(self) -> float | None:
+        """Share of the measuring workers' time spent on tasks; None where the driver does not count it."""
+        return None
+
+    def compiling(self) -> dict[str, float] | None:
+        """The backend's compile statistics (:meth:`~moetune.tuner.backends.base.Backend.compiling`)."""
+        return self.runner.compiling()
 
     # ---- store access ------------------------------------------------------------------------------------
     def _key(self, p: Problem) -> dict[str, Any]:
@@ -262,8 +287,7 @@ class Sweep:
         measured it (``moetune sweep --cross``, after :meth:`run`): one sub-sweep per such group, with
         those bests as its starts and a budget of one, so nothing else is measured. The picker serves a
         density between two entries with the nearer entry's config, which that entry's own search may
-        never have tried at the other densities; such a pass over the committed V4-Flash fp4 tables made
-        entries at 768-3456 routes up to 18% faster on the H200 (results/fp4_prefill.md, session 15)."""
+        never have tried at the other densities (see docs/tuner.md, "Cross")."""
         groups: dict[tuple, list[Point]] = collections.defaultdict(list)
         for pt in self.points:
             groups[(pt.problem.kernel, pt.problem.shape_key, pt.problem.routing)].append(pt)

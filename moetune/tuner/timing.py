@@ -33,19 +33,18 @@ class TimingOptions:
     wall_runs: int = 1  # interpreter: samples taken with the wall clock
     # A candidate whose first (estimating) samples are this many times the point's best so far keeps
     # them as its reading, and is not re-timed: it will not win, its accuracy is still checked, and
-    # n_runs records its 3 samples. Most of a full space is this slow (session 9: 87% of an exhaustive
-    # fp8 sweep), and its timed runs were most of the sweep's device time.
+    # n_runs records its 3 samples. Most of a full space is this slow, and its timed runs would be most
+    # of the sweep's device time (see docs/tuner.md, "Timing").
     slow_ratio: float = 1.5
     # A reading whose spread is above this is taken again (up to `retimes` more times) and the steadiest
-    # kept. 2.5% of the stored H200 readings spread over 5%; on the GPU a wide spread marks another
-    # process's work landing in the timed window (session 6: two fp4 heuristic readings at a sweep's
-    # start spread 25-27% and read 1.08-1.18x slow; every other reading of that sweep spread <= 0.7%).
+    # kept. Few readings spread that wide; on the GPU a wide spread marks another process's work landing
+    # in the timed window, and such readings are slow (see docs/tuner.md, "Timing").
     retime_spread: float = 0.05
     retimes: int = 2
     # GPU, CUDA-graph specs: before any graph is captured, one run is timed behind a spin kernel
     # (`time_probe`); over slow_ratio x the point's best so far, that run is the reading. Capturing
-    # and replaying graphs cost most of a candidate's time (session 9, exhaustive fp8 sweep: 16 ms
-    # beyond the kernel's runs), and most of a full space is far slower than its best. The probe's
+    # and replaying graphs cost most of a candidate's time, and most of a full space is far slower than
+    # its best (see docs/tuner.md, "Timing"). The probe's
     # inputs are warm in L2 (graph replays rotate input sets that fit there), so it reads low if
     # anything: the safe side to err on.
     probe: bool = True

@@ -134,7 +134,7 @@ class RunnerMeasure:
     """Measures through the tuner's runner (isolated worker, the sweep's accuracy gate and timing rules)."""
 
     def __init__(self, **runner_options):
-        from moetune.tuner.runner import Runner
+        from moetune.tuner.backends.process import Runner
 
         self.runner = Runner(**runner_options)
 

@@ -3,7 +3,7 @@
 The sweep's process never touches the GPU's kernels. Each worker is a spawned
 process holding one CUDA context; it answers tasks over a pipe. A candidate that
 raises is classified here; one that aborts, segfaults or hangs is seen by the
-parent (:mod:`moetune.tuner.runner`) as a dead or silent worker. After a CUDA error the
+parent (:mod:`moetune.tuner.backends.process`) as a dead or silent worker. After a CUDA error the
 context may be corrupt, so the worker says so and exits, and the parent starts a
 new one. Its stdout/stderr go to a log file whose tail becomes the crash reason.
 """
@@ -230,7 +230,7 @@ class _CompileInputs:
     (only the binary matters there), for the spec's :meth:`~moetune.specs.base.KernelSpec.compile_problem`.
     Its weights come from a pool, made once per shape one worker at a time: the measurements' pool
     when the stand-in is the problem itself, else a pool of stand-in weights (fewer experts, still
-    gigabytes at DeepSeek-V3 TP1; thirty workers drawing them at once ran an H200 out of memory)."""
+    gigabytes at DeepSeek-V3 TP1: dozens of workers drawing them at once run a GPU out of memory)."""
 
     def __init__(self) -> None:
         self.key: Any = None

@@ -174,11 +174,11 @@ def test_results_needs_an_existing_store(cli, tmp_path):
 
 
 def test_full_timing_turns_the_short_readings_off(cli, tmp_path, monkeypatch):
-    from moetune.tuner import parallel
+    from moetune.tuner import factory
 
     seen = []
-    real = parallel.make_runner
-    monkeypatch.setattr(parallel, "make_runner", lambda **kw: seen.append(kw["timing"]) or real(**kw))
+    real = factory.make_runner
+    monkeypatch.setattr(factory, "make_runner", lambda **kw: seen.append(kw["timing"]) or real(**kw))
     for flag in ([], ["--full-timing"]):
         res = cli("sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
                   "--strategy", "random", "--budget", "1", "--db", tmp_path / "r.sqlite", "--quiet", *flag)

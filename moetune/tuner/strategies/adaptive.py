@@ -9,8 +9,8 @@ before declaring a winner the top ``FINALISTS`` ok candidates are measured again
 interleaved (A B C A B C) so drift hits them alike; the winner is the config with
 the lowest mean time over all of its measurements. The first warm start (a sweep's
 heuristic) is measured again too when it is not a finalist: it is measured
-first, while the compile workers build the point's inputs on the same GPU
-(session 6's H200 sweeps read the fp4 heuristic 1.3-1.5x slow there), and
+first, while the compile workers build the point's inputs on the same GPU (which
+can read it slow: docs/tuner.md, "Final re-measurement"), and
 ``moetune export`` keeps the lower of two readings. Those measurements come out of the
 budget (reserved up front), but they are *re*-measurements of stored configs,
 so they are never proposed through :meth:`propose` (which must only return

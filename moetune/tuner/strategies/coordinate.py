@@ -6,8 +6,8 @@ the sweep measures first). From the current config every one-step neighbour is
 measured (one parameter moved to the next or previous value of its list, pruned
 values skipped; every other value for a categorical one) as one batch, and the
 search moves to the fastest neighbour if it beats the current one by more than
-the noise. When none does, it restarts from a random unmeasured candidate (on the
-H200 replay data, restarting near the best found stays in the same trap), until
+the noise. When none does, it restarts from a random unmeasured candidate (in
+replays, restarting near the best found stays in the same trap), until
 the budget is spent. Each batch is a whole neighbourhood, so the path does not
 depend on the batch size.
 """

@@ -35,10 +35,9 @@ from moetune.tuner.strategies.adaptive import AdaptiveStrategy, hint_indices
 from moetune.tuner.strategies.base import SearchContext
 
 EXPLORE = 0.1
-POLISH = 0.7  # replay of the session 5 H200 reference data, 10% budgets, 5 seeds: 0.9 -> 0.7 took the
-# worst point from 1.138 to 1.049 of its best, the geomean from 1.016 to 1.006 (results/strategies.md)
+POLISH = 0.7  # share of the budget after which it polishes the best (docs/tuner.md, "Strategies")
 CAP_QUANTILE = 0.5  # log times above this quantile of the ok ones (and failures) are clipped to it
-NOISE = 0.015  # relative measurement noise (replay of H200 re-measurements: ~1.5%)
+NOISE = 0.015  # relative measurement noise, as re-measurements show (docs/tuner.md, "Noise")
 SCALES = (0.15, 0.3, 0.6, 1.2, 2.5, 6.0)  # length-scale grid per feature (features span [0, 1])
 REFIT = 1.25  # refit the length scales when the data grew by this factor
 POOL = 1000  # most unmeasured candidates scored per batch
@@ -190,9 +189,8 @@ class ModelGuided(AdaptiveStrategy):
             return []
         total = self.search_budget()
         used = total - left
-        # Batches of at most a quarter of the budget, so the model learns between them. Replay at a
-        # sweep's batch of 64 (H200 reference data, 10% budgets, noise 1.5, 10 seeds): a tenth gave
-        # 1.011 geomean, worst point 1.141; a quarter 1.003 and 1.030, in fewer (compile-bound) rounds.
+        # Batches of at most a quarter of the budget, so the model learns between them; smaller ones
+        # replayed worse, in more (compile-bound) rounds (docs/tuner.md, "Strategies").
         k = min(n, max(1, total // 4))
         hints = self.unmeasured(self._hints)
         if hints:

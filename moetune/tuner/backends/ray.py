@@ -7,7 +7,7 @@ they finish, so the sweep process stays the only writer of the store. Each
 actor runs the same spawned worker processes as a local sweep (:mod:`moetune.tuner.worker`:
 a compile stage, then one measuring process), on its own node, where the kernel
 compiles and runs: a candidate that aborts, segfaults or hangs takes down only
-that process, and the actor reports ``crash``/``timeout`` exactly as a local runner
+that process, and the actor reports ``crash``/``timeout`` exactly as a local backend
 does and starts a new one. An actor that dies itself (its node lost, ``ray.kill``)
 loses only the tasks it held: they go back to the front of the queue and a new
 actor takes its place. A candidate that has lost ``max_losses``
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from moetune.device import DeviceInfo
-from moetune.tuner.parallel import WorkerState, same_device
-from moetune.tuner.runner import STARTUP_TIMEOUT_S, WorkerPool
+from moetune.tuner.backends.base import PoolBackend, WorkerState, same_device
+from moetune.tuner.backends.process import STARTUP_TIMEOUT_S, WorkerPool
 
 INSTALL_HINT = "--ray needs Ray, which is not installed: pip install 'moetune[ray]'"
 MAX_LOSSES = 3
@@ -53,8 +53,9 @@ class MeasureActor:
 
     Tasks stream in (:meth:`add`) and results out (:meth:`collect`, which the driver keeps calling
     while the actor has work): each compiles on one of ``jobs`` processes (Triton warm-ups: binaries
-    cached, nothing run; one that fails there is final, as in :class:`Runner`) and is measured by one
-    measuring process as soon as it compiled. Ray sets CUDA_VISIBLE_DEVICES for the actor; its
+    cached, nothing run; one that fails there is final, as in
+    :class:`~moetune.tuner.backends.process.Runner`) and is measured by one measuring process as soon
+    as it compiled. Ray sets CUDA_VISIBLE_DEVICES for the actor; its
     worker processes inherit it.
     """
 
@@ -137,7 +138,7 @@ class MeasureActor:
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-class RayBackend:
+class RayBackend(PoolBackend):
     """Actors across a Ray cluster (``address``, default: start a local one), fed from one queue.
 
     ``actors`` defaults to the cluster's GPUs divided by ``gpus_per_actor``; a cluster with no
@@ -165,7 +166,7 @@ class RayBackend:
         self.device: DeviceInfo | None = None
         self.versions: dict[str, str] = {}
         self.actors: list[Any] = []
-        self.states: dict[str, WorkerState] = {}
+        self.states: dict[str, WorkerState] = {}  # one per actor, from launch()
         self._actor_cls: Any = None
         self._opts: dict[str, Any] = {}
         self._hellos: list[Any] | None = None  # the actors' hello() calls, from launch() until start()
@@ -178,10 +179,6 @@ class RayBackend:
         self._asked: dict[Any, float] = {}  # that call -> when it was made
         self._ids = itertools.count()
         self.losses: collections.Counter = collections.Counter()  # key -> actors lost while running it
-
-    @property
-    def workers(self) -> list[str]:
-        return list(self.states)
 
     def launch(self) -> None:
         """Start (or join) the cluster and create the actors without waiting for them, so they start
@@ -269,7 +266,6 @@ class RayBackend:
             self.states[f"actor{slot}"].current = labels[0] + more if labels else None
 
     def poll(self, wait_s: float = 1.0) -> list[tuple[Any, dict[str, Any], str]]:
-        """(key, result, actor) for every task that ended within ``wait_s`` seconds."""
         ray = self.ray
         unavailable = tuple(getattr(ray.exceptions, n) for n in ("ActorUnavailableError",)
                              if hasattr(ray.exceptions, n))  # newer Rays: unreachable for now
@@ -337,10 +333,3 @@ class RayBackend:
         self.actors = []
         if self._own_cluster:
             ray.shutdown()
-
-    def __enter__(self) -> RayBackend:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

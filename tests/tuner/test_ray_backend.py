@@ -12,11 +12,12 @@ import crashy_spec  # noqa: E402  (registers test.crashy and test.steady)
 
 from moetune.models import get_model  # noqa: E402
 from moetune.problem import canonical_json  # noqa: E402
-from moetune.tuner.parallel import ParallelSweep, WorkerState  # noqa: E402
-from moetune.tuner.ray_backend import RayBackend  # noqa: E402
+from moetune.tuner.backends.base import WorkerState  # noqa: E402
+from moetune.tuner.backends.ray import RayBackend  # noqa: E402
+from moetune.tuner.parallel import ParallelSweep  # noqa: E402
 from moetune.tuner.store import Store  # noqa: E402
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent  # crashy_spec lives there
 # With --dist loadgroup (the README's test command), one worker runs these in a row: one local cluster
 # per test run, never two at once, never restarted.
 pytestmark = pytest.mark.xdist_group("ray")
@@ -122,7 +123,7 @@ def test_launch_creates_the_actors_at_once_and_start_waits_for_them(cluster):
 def test_an_actor_that_stops_answering_is_treated_as_lost(monkeypatch):
     import time
 
-    from moetune.tuner import ray_backend
+    from moetune.tuner.backends import ray as ray_backend
 
     class FakeRay:
         exceptions = ray.exceptions
@@ -157,7 +158,7 @@ def test_an_actor_that_stops_answering_is_treated_as_lost(monkeypatch):
 
 def test_an_actor_whose_add_failed_says_so_at_the_next_collect(monkeypatch):
     """Nobody waits on add(): a failure there must not leave its tasks waiting forever."""
-    from moetune.tuner.ray_backend import MeasureActor
+    from moetune.tuner.backends.ray import MeasureActor
 
     actor = MeasureActor("actor0", jobs=1)
     try:

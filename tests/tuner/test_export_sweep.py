@@ -9,8 +9,8 @@ from moetune.problem import canonical_json
 from moetune.specs.registry import get_spec
 from moetune.tables import format as tables
 from moetune.tables import picker
+from moetune.tuner.backends.process import Runner
 from moetune.tuner.export import export
-from moetune.tuner.runner import Runner
 from moetune.tuner.store import Store
 from moetune.tuner.sweep import Sweep
 from moetune.tuner.verify import verify

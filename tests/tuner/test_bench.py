@@ -74,7 +74,7 @@ def test_cli_writes_table_markdown_and_csv(cli, tmp_path, no_tables):
 def test_kernel_only_bench_says_so_and_reaches_the_workers(cli, tmp_path, no_tables, monkeypatch):
     """--kernel-only times each op with its alignment and split made beforehand; the output and the
     Markdown say so, and the flag travels to the workers in the runner's timing options."""
-    from moetune.tuner.runner import Runner
+    from moetune.tuner.backends.process import Runner
 
     seen = []
     real = Runner.__init__

@@ -15,10 +15,14 @@ from moetune.device import INTERPRETER
 from moetune.models import get_model
 from moetune.problem import canonical_json
 from moetune.specs.registry import get_spec
-from moetune.tuner import parallel
+from moetune.tuner import factory, parallel
+from moetune.tuner.backends import local
+from moetune.tuner.backends.base import BusyClock
+from moetune.tuner.backends.local import LocalBackend, parse_gpus
+from moetune.tuner.backends.process import Runner, binary_id
 from moetune.tuner.export import export
-from moetune.tuner.parallel import BusyClock, LocalBackend, ParallelSweep, make_runner, parse_gpus
-from moetune.tuner.runner import Runner, binary_id
+from moetune.tuner.factory import make_runner
+from moetune.tuner.parallel import ParallelSweep
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import STRATEGIES
 from moetune.tuner.sweep import BATCH, REMEASURE, Sweep
@@ -42,18 +46,18 @@ def test_parse_gpus_rejects(text, count, match):
 
 
 def test_make_runner_picks_the_backend(monkeypatch):
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
+    monkeypatch.setattr(factory, "gpu_count", lambda: 3)
     runner, driver = make_runner()  # no option on a GPU host: every point at once on GPU 0
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [0]
     runner.close()
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 0)
+    monkeypatch.setattr(factory, "gpu_count", lambda: 0)
     runner, driver = make_runner()  # no GPU: the plain sweep through the interpreter
     assert type(runner) is Runner and driver is Sweep
     runner.close()
     runner, _ = make_runner(timing={"slow_ratio": 0.0})  # --full-timing reaches every backend's tasks
     assert runner.timing == {"slow_ratio": 0.0}
     runner.close()
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 3)
+    monkeypatch.setattr(factory, "gpu_count", lambda: 3)
     runner, driver = make_runner(gpus="2")  # one GPU named: every point at once, on that GPU
     assert isinstance(runner, LocalBackend) and driver is ParallelSweep and runner.devices == [2]
     runner.close()
@@ -66,6 +70,18 @@ def test_make_runner_picks_the_backend(monkeypatch):
         make_runner(gpus="all", ray=True)
     with pytest.raises(ValueError, match="need --ray"):
         make_runner(ray_address="auto")
+
+
+def test_every_backend_implements_the_one_interface():
+    from moetune.tuner.backends.base import PoolBackend, SequentialBackend
+    from moetune.tuner.backends.ray import RayBackend
+
+    assert issubclass(Runner, SequentialBackend)
+    assert issubclass(LocalBackend, PoolBackend) and issubclass(RayBackend, PoolBackend)
+    runner = Runner(timeout=1.0, jobs=0)  # what a single-worker backend leaves to the defaults
+    assert runner.states == {} and runner.workers == [] and runner.compiling() is None
+    assert runner.idle_compilers() == 0 and runner.prefetch({"mode": "measure"}) is None
+    runner.close()
 
 
 def test_ray_missing_says_how_to_install(monkeypatch):
@@ -368,7 +384,7 @@ def test_pool_takes_work_while_a_compile_worker_has_no_binary_to_build(tmp_path,
     backend._measure_q.extend(f"done{i}" for i in range(10))  # compiled, waiting for the GPU
     c0.task_key = c1.task_key = None  # both compiles done: room again, though ten wait compiled
     assert backend.capacity() == 1  # "b" still to compile
-    monkeypatch.setattr(parallel, "BACKLOG", 10)
+    monkeypatch.setattr(local, "BACKLOG", 10)
     assert backend.capacity() == 0  # enough compiled work queued for the GPU (no measurement timed yet)
     backend._measure_times.extend([0.007] * 5)  # 7 ms candidates: ten are 0.07 s of GPU work
     assert backend.capacity() == 1
@@ -424,7 +440,7 @@ def test_pool_compile_workers_stay_on_one_problem(tmp_path):
 
 def test_worker_pool_never_builds_one_binary_on_two_workers_at_once(tmp_path):
     """The pools of the plain runner and of a Ray actor wait the same way."""
-    from moetune.tuner.runner import WorkerPool
+    from moetune.tuner.backends.process import WorkerPool
 
     spec = get_spec("fp8_decode.gate_up")
     (problem,) = _problems("fp8_decode.gate_up", [4])
@@ -477,8 +493,8 @@ def test_a_compile_worker_stuck_starting_fails_the_sweep_instead_of_hanging(tmp_
     import multiprocessing as mp
     import time
 
-    from moetune.tuner import runner
-    from moetune.tuner.runner import WorkerHandle
+    from moetune.tuner.backends import process
+    from moetune.tuner.backends.process import WorkerHandle
 
     class Stuck:  # a process that never says hello and never dies
         killed = False
@@ -499,7 +515,7 @@ def test_a_compile_worker_stuck_starting_fails_the_sweep_instead_of_hanging(tmp_
     backend.measurers, backend.compilers = [FakeHandle("gpu0", 0)], [h]
     backend.submit("a", {"mode": "measure"})
     assert h.task_key is None and list(backend._compile_q) == ["a"]  # still starting: waits, for now
-    monkeypatch.setattr(runner, "STARTUP_TIMEOUT_S", 0.0)
+    monkeypatch.setattr(process, "STARTUP_TIMEOUT_S", 0.0)
     with pytest.raises(RuntimeError, match="compile0 did not start within"):
         backend._dispatch()
     assert h.proc is None  # killed, not left running
@@ -550,7 +566,7 @@ def test_pool_accounts_for_its_compile_workers_time(tmp_path):
 
 # ---- the command ---------------------------------------------------------------------------------------
 def test_cli_gpus_covers_what_a_plain_sweep_does_resumes_and_exports_one_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)  # two fake GPUs: interpreter workers
+    monkeypatch.setattr(factory, "gpu_count", lambda: 2)  # two fake GPUs: interpreter workers
     problems = _problems("test.steady", [1, 2])
     plain = _sweep(tmp_path / "plain.sqlite", Runner(timeout=30, jobs=0), Sweep, problems)
     db = tmp_path / "pool.sqlite"
@@ -578,7 +594,7 @@ def test_cli_gpus_covers_what_a_plain_sweep_does_resumes_and_exports_one_table(t
 @pytest.mark.parametrize("args,match", [(["--gpus", "3"], "no GPU 3"), (["--gpus", "0", "--ray"], "exclude"),
                                         (["--ray-actors", "2"], "need --ray")])
 def test_cli_bad_parallel_options(tmp_path, monkeypatch, args, match):
-    monkeypatch.setattr(parallel, "gpu_count", lambda: 2)
+    monkeypatch.setattr(factory, "gpu_count", lambda: 2)
     db = tmp_path / "r.sqlite"
     res = CliRunner().invoke(app, ["sweep", "--kernel", "test.steady", "--model", "tiny", "--tokens", "1",
                                    "--db", str(db), *args])
@@ -601,7 +617,7 @@ def test_a_ready_only_pump_keeps_the_crash_of_a_worker_that_died_on_its_task(tmp
     the task is never answered (session 11: the Ray test hung on it under load)."""
     import time
 
-    from moetune.tuner.runner import WorkerPool
+    from moetune.tuner.backends.process import WorkerPool
 
     spec = crashy_spec.SPEC
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), 1)

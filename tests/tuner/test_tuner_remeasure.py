@@ -3,7 +3,7 @@
 import crashy_spec
 
 from moetune.models import get_model
-from moetune.tuner.runner import Runner
+from moetune.tuner.backends.process import Runner
 from moetune.tuner.store import Store
 from moetune.tuner.sweep import REMEASURE, Sweep
 

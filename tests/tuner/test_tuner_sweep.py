@@ -15,11 +15,11 @@ import pytest
 from moetune.models import get_model
 from moetune.problem import canonical_json
 from moetune.specs.registry import all_specs
-from moetune.tuner.runner import Runner
+from moetune.tuner.backends.process import Runner
 from moetune.tuner.store import STATUSES, Store
 from moetune.tuner.sweep import Sweep
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).parent.parent  # crashy_spec lives there
 BUILTIN = [s.name for s in all_specs() if type(s).__module__.startswith("moetune.specs.")]
 CLI = ("import sys; sys.path.insert(0, sys.argv.pop(1)); import crashy_spec; "
        "from moetune.cli import main; main()")

@@ -1,20 +1,21 @@
-"""Compile candidates in parallel, then measure them one at a time in an isolated worker process.
+"""Worker processes, and the plain backend: compile candidates in parallel, measure them one at a time.
 
 A :class:`WorkerPool` keeps spawned :mod:`moetune.tuner.worker` processes busy with
 tasks and turns every way a task can end into a result: an answer, a dead
 process (``crash``, with the signal and the tail of its log) or silence past the
 timeout (``timeout``, the process is killed). A dead or killed worker is started
-again before its next task, so one bad candidate never stops a sweep.
+again before its next task, so one bad candidate never stops a sweep. Every backend
+runs its candidates in these processes.
 
 :class:`Runner` uses two pools: ``jobs`` compile workers that take each candidate
 through its launcher once on the real problem with every Triton launch turned into
 a warm-up (compiled and cached on disk, shared across processes, but not run, so
 nothing of theirs lands on the GPU during a timed run), and one measuring worker
-per GPU that checks accuracy and times each candidate. Compiling overlaps
-measuring: a candidate is measured as soon as its compile is done, and the compile
-workers go on with the next batch meanwhile. A candidate that fails to compile,
-crashes or hangs in the compile stage is final: it is not run again (unless the
-failure came before the config ran, such as no memory for the inputs).
+that checks accuracy and times each candidate. Compiling overlaps measuring: a
+candidate is measured as soon as its compile is done, and the compile workers go on
+with the next batch meanwhile. A candidate that fails to compile, crashes or hangs
+in the compile stage is final: it is not run again (unless the failure came before
+the config ran, such as no memory for the inputs).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import shutil
 import signal
 import tempfile
 import time
-import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -38,6 +38,7 @@ from moetune.device import DeviceInfo, interpreter_active
 from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.base import KernelSpec
 from moetune.specs.registry import get_spec
+from moetune.tuner.backends.base import SequentialBackend, measure_task
 
 STARTUP_TIMEOUT_S = 600.0  # importing torch and triton, creating a CUDA context
 
@@ -288,7 +289,7 @@ class WorkerPool:
             h.stop()
 
 
-class Runner:
+class Runner(SequentialBackend):
     """Measures candidates of one problem at a time; the sweep writes what it yields to the store."""
 
     def __init__(self, *, timeout: float = 60.0, jobs: int | None = None, device_index: int | None = None,
@@ -312,10 +313,7 @@ class Runner:
         self._compiling: set[tuple[str, str]] = set()
 
     def launch(self) -> None:
-        """Start the measuring process without waiting for it (start() waits)."""
-        for h in self.measurer.handles:
-            if not h.alive:
-                h.launch()
+        self.measurer.launch()
 
     def start(self) -> DeviceInfo:
         hello = self.measurer.start()
@@ -325,13 +323,6 @@ class Runner:
             self.jobs = max(1, (os.cpu_count() or 1) - 1) if self.device.is_gpu else 0  # interpreter: none
         return self.device
 
-    def __enter__(self) -> Runner:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def close(self) -> None:
         self.measurer.stop()
         if self.compiler is not None:
@@ -339,16 +330,9 @@ class Runner:
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    @staticmethod
-    def seed_for(problem: Problem, config: Config, seed: int) -> int:
-        """A fresh input seed per candidate, the same on a rerun."""
-        return zlib.crc32(f"{seed}|{problem.describe()}|{canonical_json(config)}".encode()) & 0x7FFFFFFF
-
     def _task(self, mode: str, spec: KernelSpec, problem: Problem, config: Config,
               seed: int, best_ms: float | None = None) -> dict[str, Any]:
-        return {"mode": mode, "kernel": spec.name, "spec_module": type(spec).__module__, "problem": problem,
-                "config": dict(config), "seed": self.seed_for(problem, config, seed), "timing": self.timing,
-                "best_ms": best_ms}
+        return {**measure_task(spec, problem, config, seed, self.timing, best_ms), "mode": mode}
 
     def _compile_ahead(self, spec: KernelSpec, problem: Problem, configs: Iterable[Config], seed: int,
                        front: bool = False) -> None:

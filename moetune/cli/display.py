@@ -1,0 +1,133 @@
+"""The sweep's live display (progress, per-worker rows, best so far) and its summary table."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from moetune.cli._common import console
+
+if TYPE_CHECKING:
+    from moetune.tuner.backends.base import Backend
+
+STATUS_STYLE = {"ok": "green", "inaccurate": "yellow", "compile_error": "magenta", "crash": "red",
+                "timeout": "red", "invalid": "dim"}
+FAILED = ("compile_error", "crash", "timeout", "invalid")
+LIVE_POINTS = 12  # rows of the best-so-far table shown while sweeping
+
+
+SHORT_KEYS = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
+              "num_warps": "w", "num_stages": "s", "SPLIT_K": "SK", "ROWS_PER_PROGRAM": "R"}
+
+
+def _short(config: dict[str, Any] | None) -> str:
+    if config is None:
+        return ""
+    return " ".join(f"{SHORT_KEYS[k]}{v}" if k in SHORT_KEYS else f"{k}={v}" for k, v in config.items())
+
+
+def _point(p: Any) -> str:
+    text = f"t{p.tokens} r{p.routes}"
+    if p.active_fraction != 1:
+        text += f" a{p.active_fraction:g}"
+    return text if p.routing == "uniform" else f"{text} {p.routing}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+class Display:
+    """Rich progress bar (counts by status, ETA), then one row per measuring worker where the backend has
+    several (where it runs, what it measures now, its counts), then a best-so-far table per density."""
+
+    def __init__(self, interpreter: bool, backend: Backend):
+        self.interpreter = interpreter
+        self.backend = backend
+        self.counts: collections.Counter = collections.Counter()
+        self.progress = Progress(TextColumn("[bold]sweep"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 TextColumn("{task.description}"), console=console)
+        self.task = self.progress.add_task("", total=None)
+        self.points: list[Any] = []
+        self.current: Any = None
+        self.live = Live(self._render(), console=console, refresh_per_second=4, transient=False)
+
+    def __enter__(self) -> Display:
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.update(self._render())
+        self.live.__exit__(*exc)
+
+    def _table(self) -> Table:
+        t = Table(title="best so far", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("kernel", "point", "done", "best ms", "default ms", "speedup", "best config"):
+            t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
+        shown = [pt for pt in self.points if pt.counts or pt.already or pt is self.current][-LIVE_POINTS:]
+        for pt in shown:
+            t.add_row(pt.problem.kernel, _point(pt.problem), str(sum(pt.counts.values()) + pt.already),
+                      _ms(pt.best.time_ms if pt.best else None),
+                      _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                      f"{pt.speedup:.2f}x" if pt.speedup else "-",
+                      _short(pt.best.config if pt.best else None),
+                      style="bold" if pt is self.current else None)
+        return t
+
+    def _workers(self) -> Table:
+        t = Table(title="workers", title_justify="left", show_edge=False, pad_edge=False)
+        for col in ("worker", "where", "now", "done", "ok", "rej", "fail", "lost"):
+            t.add_column(col, justify="left" if col in ("worker", "where", "now") else "right")
+        for st in self.backend.states.values():
+            c = st.counts
+            failed, done = sum(c[s] for s in FAILED), sum(c[s] for s in STATUS_STYLE)
+            t.add_row(st.name, st.where, st.current or "-", str(done), str(c["ok"]), str(c["inaccurate"]),
+                      f"[red]{failed}[/]" if failed else "0", str(c["lost"]))
+        return t
+
+    def _render(self) -> Group:
+        if self.backend.states:
+            return Group(self.progress, self._workers(), self._table())
+        return Group(self.progress, self._table())
+
+    def on_event(self, kind: str, **data: Any) -> None:
+        if kind == "start":
+            self.points = data["points"]
+            self.progress.update(self.task, total=data["total"])
+        elif kind == "point":
+            self.current = data["point"]
+        elif kind == "result":
+            self.counts[data["obs"].status] += 1
+            text = " ".join(f"[{STATUS_STYLE[s]}]{s} {n}[/]" for s, n in sorted(self.counts.items()))
+            self.progress.update(self.task, advance=1, description=text)
+        self.live.update(self._render())
+
+
+def summary_table(points: list[Any], interpreter: bool) -> Table:
+    t = Table(title="sweep summary" + (" (interpreter: times are meaningless)" if interpreter else ""),
+              title_justify="left")
+    for col in ("kernel", "point", "cand", "pruned", "new", "ok", "rej", "fail", "best ms", "default ms",
+                "speedup", "best config"):
+        t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
+    for pt in points:
+        c = pt.counts
+        failed = c["compile_error"] + c["crash"] + c["timeout"] + c["invalid"]
+        t.add_row(pt.problem.kernel, _point(pt.problem), str(len(pt.candidates)), str(pt.pruned),
+                  str(sum(c.values())), str(c["ok"]), str(c["inaccurate"]), str(failed),
+                  _ms(pt.best.time_ms if pt.best else None),
+                  _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                  f"{pt.speedup:.2f}x" if pt.speedup else "-", _short(pt.best.config if pt.best else None))
+    return t
