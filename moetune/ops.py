@@ -12,7 +12,9 @@ each returns new tensors and mutates none of its inputs (``gather_rows_with_scal
 Nothing here syncs the host (unless ``validate=True``) or allocates outside the layers' own
 ``torch.empty`` calls, so the ops replay under CUDA graphs as the plain layers do.
 
-The layer modules (and so triton) are imported on the first call, not at registration.
+The layer modules load on the first call, not at registration: their ``@triton.jit`` reads
+``TRITON_INTERPRET`` when it runs, so a caller may still set it after ``import moetune.ops``. The ops have
+no autograd formula (inference only: call them under ``torch.no_grad()`` or ``torch.inference_mode()``).
 """
 
 from __future__ import annotations

@@ -61,35 +61,60 @@ def test_schemas():
     assert schemas["gather_rows_with_scales"].endswith("-> (Tensor, Tensor)")
 
 
-def test_import_moetune_registers_nothing_and_ops_import_no_triton():
-    code = ("import sys, torch, moetune; assert not hasattr(torch.ops.moetune, 'fp8_decode_moe'); "
-            "import moetune.ops; assert 'triton' not in sys.modules; "
-            "assert hasattr(torch.ops.moetune, 'fp8_decode_moe')")
+def test_import_moetune_registers_nothing_and_ops_define_no_kernels():
+    """The ops are registered by ``import moetune.ops`` only, and the kernel modules (whose @triton.jit reads
+    TRITON_INTERPRET when it runs) load on the first call."""
+    code = ("import sys, torch, moetune; assert 'triton' not in sys.modules; "
+            "assert not hasattr(torch.ops.moetune, 'fp8_decode_moe'); "
+            "import moetune.ops; assert hasattr(torch.ops.moetune, 'fp8_decode_moe'); "
+            "assert not [m for m in sys.modules if m.startswith('moetune.kernels')], 'kernels imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # ---- opcheck: schema, fake tensors, autograd registration, AOT dispatch with dynamic shapes -----------
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def opcheck(op, args, kwargs):
+    """torch.library.opcheck; with fp8 inputs its test_schema cannot run on the CPU (its mutation check
+    compares them with torch.allclose, which has no fp8 CPU kernel), so the mutation check is done here on
+    byte views instead."""
+    if not any(isinstance(a, torch.Tensor) and a.dtype in FP8_DTYPES for a in args):
+        torch.library.opcheck(op, args, kwargs)
+        return
+    before = [a.clone() for a in args]
+    op(*args, **kwargs)
+    for i, (a, b) in enumerate(zip(args, before, strict=True)):
+        assert torch.equal(a.view(torch.uint8) if a.dtype in FP8_DTYPES else a,
+                           b.view(torch.uint8) if b.dtype in FP8_DTYPES else b), f"argument {i} mutated"
+    torch.library.opcheck(op, args, kwargs,
+                          test_utils=("test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+
+
 @pytest.mark.parametrize("m", [3, 0], ids=["partial-tiles-inactive-routes", "zero-tokens"])
 def test_opcheck_fp8_decode(m):
     args = fp8_layer(m)
     if m:
         assert (args[6] == -1).any() and (args[6] >= 0).any()
-    torch.library.opcheck(torch.ops.moetune.fp8_decode_moe.default, tuple(args),
-                          {"config": json.dumps(FP8_CFG), "swiglu_limit": 7.0})
+    opcheck(torch.ops.moetune.fp8_decode_moe.default, tuple(args),
+            {"config": json.dumps(FP8_CFG), "swiglu_limit": 7.0})
 
 
 @pytest.mark.parametrize("m", [5, 0], ids=["partial-tiles-inactive-routes", "zero-tokens"])
 def test_opcheck_fp4_prefill(m):
     args = fp4_layer(m)
-    torch.library.opcheck(torch.ops.moetune.fp4_prefill_moe.default, tuple(args),
-                          {"config": json.dumps(FP4_CFG)})
+    opcheck(torch.ops.moetune.fp4_prefill_moe.default, tuple(args),
+            {"config": json.dumps(FP4_CFG)})
 
 
-@pytest.mark.parametrize("m, k, rows", [(7, 300, 13), (7, 300, 0), (0, 128, 0)],
-                         ids=["partial-k-tile", "zero-rows", "zero-tokens"])
-def test_opcheck_gather_rows(m, k, rows):
-    torch.library.opcheck(torch.ops.moetune.gather_rows_with_scales.default, gather_inputs(m, k, rows),
-                          {"config": json.dumps(GATHER_CFG)})
+@pytest.mark.parametrize("m, k, rows, dtype", [(7, 300, 13, torch.float8_e4m3fn), (7, 300, 13, torch.uint8),
+                                                (7, 300, 0, torch.uint8), (0, 128, 0, torch.uint8)],
+                         ids=["partial-k-tile-fp8", "partial-k-tile-bytes", "zero-rows", "zero-tokens"])
+def test_opcheck_gather_rows(m, k, rows, dtype):
+    q, s, idx = gather_inputs(m, k, rows)
+    opcheck(torch.ops.moetune.gather_rows_with_scales.default, (q.view(dtype), s, idx),
+            {"config": json.dumps(GATHER_CFG)})
 
 
 # ---- the op's output is the layer's, bit for bit --------------------------------------------------------
