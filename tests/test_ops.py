@@ -18,8 +18,8 @@ from moetune.routing import make_routes
 FP8_FAST = {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256}
 FP8_CFG = {"gate_up": FP8_FAST,
            "down": {"ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128}}
-FP4_CFG = {"gate_up": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4, DECODE="fp8_scaled",
-                           UNPACK="join"),
+FP4_CFG = {"gate_up": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4,
+                           DECODE="fp8_scaled", UNPACK="join"),
            "down": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, num_warps=4, DECODE="fp8",
                         UNPACK="join")}
 GATHER_CFG = {"BLOCK_SIZE_K": 256, "ROWS_PER_PROGRAM": 4, "num_warps": 4}
