@@ -83,8 +83,8 @@ class MoeLayerWeights:
         """``(w13, w13_scale, w2, w2_scale)``; NotImplementedError where the kernels cannot compute this
         layer's function (a bias, or an activation the path lacks) rather than silently computing another."""
         if self.w13_bias is not None or self.w2_bias is not None:
-            raise NotImplementedError(f"{self.format} experts have biases (gate_up_proj_bias, down_proj_bias), "
-                                      f"and no moetune kernel takes a bias input")
+            raise NotImplementedError(f"{self.format} experts have biases (gate_up_proj_bias, "
+                                      f"down_proj_bias), and no moetune kernel takes a bias input")
         if self.kind == "fp4" and self.activation != "silu":
             raise NotImplementedError(f"{self.format} experts use activation {self.activation!r}; the FP4 "
                                       f"path computes silu (with an optional clamp) only")
@@ -181,8 +181,8 @@ def _per_expert(src: _Source, layer: int, scale_leaf: str, weight_dtypes, scale_
         raise ValueError(f"tensor {p}.0.gate_proj.weight must be 2-D [out, in], got {list(gate.shape)}")
     inter, h = gate.shape[0], gate.shape[1] * k_div
     if scale_n > 1 and inter % scale_n:
-        raise ValueError(f"tensor {p}.0.gate_proj.weight: I = {inter} must be a multiple of {scale_n}, so that "
-                         f"gate and up rows fill separate scale blocks of w13")
+        raise ValueError(f"tensor {p}.0.gate_proj.weight: I = {inter} must be a multiple of {scale_n}, "
+                         f"so that gate and up rows fill separate scale blocks of w13")
     w_dtype, s_dtype = out_dtypes
 
     def scale_shape(rows: int, cols: int) -> tuple[int, int]:
@@ -260,7 +260,8 @@ def load_gpt_oss_mxfp4(source: str | Path | Mapping[str, torch.Tensor], layer: i
         raise ValueError(f"tensor {p}.down_proj_blocks: I = {inter} must be a multiple of 32")
     w13 = _deinterleave(got["gate_up_proj_blocks"].reshape(e, two_i, h // 2),
                         torch.empty(e, two_i, h // 2, dtype=torch.uint8, device=device))
-    s13 = _deinterleave(got["gate_up_proj_scales"], torch.empty(e, two_i, hb, dtype=torch.uint8, device=device))
+    s13 = _deinterleave(got["gate_up_proj_scales"],
+                        torch.empty(e, two_i, hb, dtype=torch.uint8, device=device))
     w2 = got["down_proj_blocks"].reshape(e, h, inter // 2).to(device).contiguous()
     s2 = got["down_proj_scales"].to(device).contiguous()
     biases = []
@@ -288,8 +289,9 @@ def detect_format(source: str | Path | Mapping[str, torch.Tensor], layer: int) -
         return "deepseek-v3"
     if f"{p}.0.gate_proj.weight_scale" in names:
         return "deepseek-v4"
-    raise ValueError(f"layer {layer}: no routed experts in a known layout (looked for {p}.gate_up_proj_blocks, "
-                     f"{p}.0.gate_proj.weight_scale_inv and {p}.0.gate_proj.weight_scale)")
+    raise ValueError(f"layer {layer}: no routed experts in a known layout (looked for "
+                     f"{p}.gate_up_proj_blocks, {p}.0.gate_proj.weight_scale_inv and "
+                     f"{p}.0.gate_proj.weight_scale)")
 
 
 def load_moe_layer(source: str | Path | Mapping[str, torch.Tensor], layer: int, *, format: str | None = None,

@@ -170,7 +170,8 @@ def test_unexpected_dtype():
     tensors = v3_tensors(*weights())
     name = f"{P}.0.up_proj.weight_scale_inv"
     tensors[name] = tensors[name].to(torch.bfloat16)
-    with pytest.raises(ValueError, match=re.escape(f"{name} has dtype torch.bfloat16, expected torch.float32")):
+    with pytest.raises(ValueError,
+                       match=re.escape(f"{name} has dtype torch.bfloat16, expected torch.float32")):
         load_deepseek_v3_fp8(tensors, LAYER)
     tensors = v3_tensors(*weights())
     name = f"{P}.2.gate_proj.weight"
@@ -193,7 +194,8 @@ def test_check_layer_fp8(tmp_path):
 
 def test_check_layer_errors(tmp_path):
     runner = CliRunner()
-    oss = write_checkpoint(tmp_path / "oss", gpt_oss_tensors(*weights(), torch.ones(E, 2 * I), torch.ones(E, H)))
+    tensors = gpt_oss_tensors(*weights(), torch.ones(E, 2 * I), torch.ones(E, H))
+    oss = write_checkpoint(tmp_path / "oss", tensors)
     result = runner.invoke(app, ["check-layer", str(oss), "--layer", str(LAYER)])
     assert result.exit_code == 2 and "no moetune kernel takes a bias" in result.output
     result = runner.invoke(app, ["check-layer", str(oss), "--layer", "0"])

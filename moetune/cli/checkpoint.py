@@ -52,9 +52,10 @@ def check_layer(
     path = "fp8_decode_moe" if weights.kind == "fp8" else "fp4_prefill_moe"
     limit = "" if weights.swiglu_limit is None else f", limit {weights.swiglu_limit:g}"
     console.print(f"layer {layer}: {weights.format}, E {weights.experts}, H {weights.hidden}, "
-                  f"I {weights.intermediate}, activation {weights.activation}{limit}", highlight=False)
+                  f"I {weights.intermediate}, activation {weights.activation}{limit}",
+                  highlight=False, soft_wrap=True)
     console.print(f"{tokens} tokens x top_k {top_k} on {dev.type}: moetune.{path} against "
-                  f"moetune.reference.{path}: relative error {err:.3e}", highlight=False)
+                  f"moetune.reference.{path}: relative error {err:.3e}", highlight=False, soft_wrap=True)
 
 
 def _run(weights, args, tokens: int, top_k: int, seed: int, device):
