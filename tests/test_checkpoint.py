@@ -181,13 +181,15 @@ def test_unexpected_dtype():
 
 
 # ---- moetune check-layer ----------------------------------------------------------------------------------
-def test_check_layer_fp8(tmp_path):
-    ckpt = write_checkpoint(tmp_path / "v3", v3_tensors(*weights()), {"num_experts_per_tok": 2}, 2)
+@pytest.mark.parametrize("fmt, make, path", [("deepseek-v3", v3_tensors, "fp8_decode_moe"),
+                                              ("deepseek-v4", v4_tensors, "fp4_prefill_moe")])
+def test_check_layer(tmp_path, fmt, make, path):
+    ckpt = write_checkpoint(tmp_path / fmt, make(*weights()), {"num_experts_per_tok": 2}, 2)
     result = CliRunner().invoke(app, ["check-layer", str(ckpt), "--layer", str(LAYER), "--tokens", "3"])
     assert result.exit_code == 0, result.output
-    assert f"layer {LAYER}: deepseek-v3, E {E}, H {H}, I {I}, activation silu" in result.output
-    match = re.search(r"3 tokens x top_k 2 on cpu: moetune.fp8_decode_moe against "
-                      r"moetune.reference.fp8_decode_moe: relative error (\S+)", result.output)
+    assert f"layer {LAYER}: {fmt}, E {E}, H {H}, I {I}, activation silu\n" in result.output
+    match = re.search(rf"3 tokens x top_k 2 on cpu: moetune.{path} against "
+                      rf"moetune.reference.{path}: relative error (\S+)", result.output)
     assert match, result.output
     assert float(match.group(1)) < 1e-2
 
