@@ -171,9 +171,10 @@ def _expert_count(src: _Source, layer: int, leaf: str) -> int:
     return max(ids) + 1
 
 
-def _per_expert(src: _Source, layer: int, scale_leaf: str, weight_dtypes, scale_dtypes, out_dtypes,
+def _per_expert(src: _Source, layer: int, *, scale_leaf: str, weight_dtypes, scale_dtypes, out_dtypes,
                 k_div: int, scale_k: int, scale_n: int, device) -> tuple[torch.Tensor, ...]:
-    """Per-expert gate/up/down weights and scales, each copied once into the stacked tensors."""
+    """Per-expert gate/up/down weights and scales, each copied once into the stacked tensors: ``k_div``
+    values per stored element along K, one scale per ``scale_n`` rows x ``scale_k`` columns."""
     p = _prefix(layer)
     e = _expert_count(src, layer, "gate_proj.weight")
     gate = src.get(f"{p}.0.gate_proj.weight")
@@ -213,8 +214,10 @@ def load_deepseek_v3_fp8(source: str | Path | Mapping[str, torch.Tensor], layer:
                          device: str | torch.device = "cpu") -> MoeLayerWeights:
     """DeepSeek-V3/R1 (and Kimi K2) FP8 block-scaled experts of ``layer`` (module docstring)."""
     src = _Source(source)
-    w13, s13, w2, s2 = _per_expert(src, layer, "weight_scale_inv", (torch.float8_e4m3fn,), (torch.float32,),
-                                   (torch.float8_e4m3fn, torch.float32), 1, _BLOCK, _BLOCK, device)
+    w13, s13, w2, s2 = _per_expert(src, layer, scale_leaf="weight_scale_inv",
+                                   weight_dtypes=(torch.float8_e4m3fn,), scale_dtypes=(torch.float32,),
+                                   out_dtypes=(torch.float8_e4m3fn, torch.float32), k_div=1, scale_k=_BLOCK,
+                                   scale_n=_BLOCK, device=device)
     return MoeLayerWeights("deepseek-v3", "fp8", w13, s13, w2, s2, activation="silu")
 
 
@@ -222,8 +225,9 @@ def load_deepseek_v4_fp4(source: str | Path | Mapping[str, torch.Tensor], layer:
                          device: str | torch.device = "cpu") -> MoeLayerWeights:
     """DeepSeek-V4 ds_fp4 experts of ``layer`` under the names the module docstring defines."""
     src = _Source(source)
-    w13, s13, w2, s2 = _per_expert(src, layer, "weight_scale", _BYTES, _BYTES, (torch.uint8, torch.uint8),
-                                   2, 32, 1, device)
+    w13, s13, w2, s2 = _per_expert(src, layer, scale_leaf="weight_scale", weight_dtypes=_BYTES,
+                                   scale_dtypes=_BYTES, out_dtypes=(torch.uint8, torch.uint8), k_div=2,
+                                   scale_k=32, scale_n=1, device=device)
     return MoeLayerWeights("deepseek-v4", "fp4", w13, s13, w2, s2, activation="silu",
                            swiglu_limit=src.config.get("swiglu_limit"))
 

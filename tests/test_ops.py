@@ -160,6 +160,16 @@ def test_fake_checks_shapes_like_the_layer():
             torch.ops.moetune.fp8_decode_moe(*fake)
 
 
+def test_meta_tensors_give_output_shapes():
+    meta = [t.to("meta") for t in fp8_layer(3)]
+    out = torch.ops.moetune.fp8_decode_moe(*meta)
+    assert (out.device.type, out.shape, out.dtype) == ("meta", (3, 300), torch.bfloat16)
+    out = torch.ops.moetune.fp4_prefill_moe(*[t.to("meta") for t in fp4_layer(5)])
+    assert (out.device.type, out.shape, out.dtype) == ("meta", (5, 160), torch.bfloat16)
+    q, s = torch.ops.moetune.gather_rows_with_scales(*[t.to("meta") for t in gather_inputs(7, 300, 13)])
+    assert (q.shape, q.dtype, s.shape, s.dtype) == ((13, 300), torch.float8_e4m3fn, (13, 3), torch.float32)
+
+
 # ---- torch.compile(fullgraph=True): a router -> top-k -> fp8 MoE block, no graph break ------------------
 class MoeBlock(torch.nn.Module):
     def __init__(self, hidden, experts, top_k, weights, config):
