@@ -33,7 +33,9 @@ __all__ = ["fp8_decode_moe", "fp4_prefill_moe", "gather_rows_with_scales", "conf
 @torch.compiler.assume_constant_result
 def config_json(config: Mapping[str, Any] | str | None) -> str:
     """The ops' ``config`` text: ``""`` for None (the picker chooses), a mapping as canonical JSON, a string
-    unchanged. Done once per call site, ahead of tracing, where configs are constants."""
+    unchanged. Under ``torch.compile`` it runs at trace time and its result is a constant of the graph
+    (``assume_constant_result``: dynamo cannot trace ``json.dumps``), so the config must not change between
+    calls of one compiled graph."""
     if config is None:
         return ""
     if isinstance(config, str):
