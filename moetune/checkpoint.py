@@ -140,17 +140,22 @@ class _Source:
             return t
         if name not in self._files:
             raise ValueError(f"tensor {name} is missing from the checkpoint")
-        from safetensors import safe_open
+        return _read(self._files[name], lambda f: f.get_tensor(name))
 
-        with safe_open(str(self._files[name]), framework="pt") as f:
-            return f.get_tensor(name)
+
+def _read(path: Path, what):
+    """``what(safe_open(path))``; an unreadable file is a ValueError naming it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return what(f)
+    except Exception as e:  # safetensors raises its own SafetensorError, an Exception
+        raise ValueError(f"cannot read {path}: {e}") from e
 
 
 def _file_keys(path: Path) -> list[str]:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        return list(f.keys())
+    return _read(path, lambda f: list(f.keys()))
 
 
 def _check(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], shape: tuple[int, ...]) -> None:

@@ -149,6 +149,12 @@ def test_missing_tensor_in_checkpoint_dir(tmp_path):
         load_gpt_oss_mxfp4(write_checkpoint(tmp_path / "c", tensors), LAYER)
 
 
+def test_unreadable_file(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="cannot read .*model.safetensors"):
+        load_deepseek_v3_fp8(tmp_path, LAYER)
+
+
 def test_mis_shaped_tensor():
     tensors = v3_tensors(*weights())
     name = f"{P}.3.down_proj.weight"
