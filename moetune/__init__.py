@@ -13,9 +13,12 @@ _LAZY = {
     "KernelSpec": "moetune.specs.base",
     "register": "moetune.specs.registry",
     "get_spec": "moetune.specs.registry",
+    "load_moe_layer": "moetune.checkpoint",
+    "MoeLayerWeights": "moetune.checkpoint",
 }
 # Modules reachable as attributes, e.g. ``moetune.picker.pick_config_with_source``.
-_MODULES = {"picker": "moetune.tables.picker", "reference": "moetune.reference"}
+_MODULES = {"picker": "moetune.tables.picker", "reference": "moetune.reference", "ops": "moetune.ops",
+            "checkpoint": "moetune.checkpoint"}
 
 
 def __getattr__(name: str):
