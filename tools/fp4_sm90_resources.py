@@ -9,7 +9,7 @@ configs compile the Gluon kernel (moetune/kernels/fp4_wgmma.py) as its launcher 
 compile sees the launcher's specializations: 16-byte aligned pointers and strides, EVEN_K, the
 interpreter off. Run it with the Triton the GPU runs (3.6) first on the path, from the repo root:
 
-    PYTHONPATH=/tmp/t36:. python benchmarks/fp4_sm90_resources.py \\
+    PYTHONPATH=/tmp/t36:. python tools/fp4_sm90_resources.py \\
         '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_K": 128, "DECODE": "fp8", "UNPACK": "halves", "num_stages": 3}' \\
         '{"BLOCK_SIZE_M": 128, "BLOCK_SIZE_K": 128, "DECODE": "fp8", "UNPACK": "lut", "num_stages": 3}' \\
         --maxnreg 0 168

@@ -1,6 +1,6 @@
 """Do two sweep stores hold the same candidates, with no duplicates or losses, and agree on the winners?
 
-Usage: python benchmarks/compare_stores.py A.sqlite B.sqlite [--out report.json]
+Usage: python tools/compare_stores.py A.sqlite B.sqlite [--out report.json]
 Prints one line per store and per point, then writes the comparison as JSON.
 """
 

@@ -5,7 +5,7 @@ The picker serves a density off the table's grid with the nearest entry's config
 best of what its own sweep measured. A neighbour's pick may be faster at that density and never have
 been tried there (V4-Flash TP2 gate/up at 3456 routes held a ``halves`` tile 0.666 ms while the picks on
 either side, ``lut`` tiles, were never timed there; the picker then served it at 3840 routes, 1.15x the
-direct sweep's best, session 15). Measuring every pick everywhere makes each entry at least as fast,
+direct sweep's best). Measuring every pick everywhere makes each entry at least as fast,
 at its density, as any other entry's config.
 
 That cannot help between two entries whose picks are different designs, each much slower at the other's
@@ -15,11 +15,11 @@ the script reads those cross measurements from the given stores and prints inste
 midpoints (as route counts) of the intervals where either pick is more than ``--gap`` slower at the other
 entry's density: the grid points a ``refine`` sweep adds.
 
-    python benchmarks/table_picks.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
+    python tools/table_picks.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
         --starts picks.json --max-routes 24576      # prints the routes, comma-separated
-    python benchmarks/table_picks.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
+    python tools/table_picks.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
         --starts picks.json --max-routes 24576 \\
-        --boundaries results/h200_tables/fp4_prefill_deepseek-v4-flash_tp2_cross_s15.sqlite.gz
+        --boundaries data/sm_90/fp4_prefill/18-deepseek-v4-flash_tp2_cross.sqlite.gz
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ best time of all its ok rows with the best time of the rows a sweep would still 
 the spec gives, how many points measured such a design and at how many it came within ``--near`` of the
 point's best; then the loss (searched best / overall best) over the points, worst first. Runs on the CPU.
 
-    python benchmarks/dominated_designs.py --family fp8_decode --arch sm_90 --device "NVIDIA H200"
+    python tools/dominated_designs.py --family fp8_decode --arch sm_90 --device "NVIDIA H200"
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ def main() -> None:
     ap.add_argument("--family", default="fp8_decode")
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--device", default="NVIDIA H200", help="device_name of the rows to read")
-    ap.add_argument("--stores", nargs="+", help="default: every results/**/*.sqlite[.gz]")
+    ap.add_argument("--stores", nargs="+", help="default: every data/**/*.sqlite[.gz]")
     ap.add_argument("--near", type=float, default=0.03, help="within this fraction of a point's best")
     args = ap.parse_args()
-    paths = args.stores or sorted(glob.glob("results/**/*.sqlite", recursive=True)
-                                  + glob.glob("results/**/*.sqlite.gz", recursive=True))
+    paths = args.stores or sorted(glob.glob("data/**/*.sqlite", recursive=True)
+                                  + glob.glob("data/**/*.sqlite.gz", recursive=True))
     df = load(paths, args.family, args.device)
     if df.empty:
         raise SystemExit(f"no ok {args.family} rows of {args.device!r} in {len(paths)} store(s)")

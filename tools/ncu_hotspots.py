@@ -3,7 +3,7 @@ the busiest instructions by warp-state samples and the samples per address range
 warp-specialized kernel's partitions). Reads ``ncu -i REPORT --page source --csv --print-source sass``.
 
     ncu -i k.ncu-rep --page source --csv --print-source sass > k.csv
-    python benchmarks/ncu_hotspots.py k.csv --top 40 --ranges 0x190-0x4420 0x49b0-0x76f0
+    python tools/ncu_hotspots.py k.csv --top 40 --ranges 0x190-0x4420 0x49b0-0x76f0
 
 The ranges of a warp-specialized kernel's partitions: between its ``USETMAXREG`` instructions (the SASS that
 ``ncu`` prints, or cuobjdump's of the same cubin).

@@ -1,8 +1,8 @@
 """Offline: do runs on different cards (or days) agree on a point's best config? (issue 8, no GPU)
 
 ``moetune export`` merges a config's rows from every pooled store by their fastest median, so where
-two runs ranked configs differently the table follows whichever run measured faster. Session 14
-found the same fp8 configs 15-39% apart between two H200 runs (results/fp8_decode.md). This reads
+two runs ranked configs differently the table follows whichever run measured faster. Two H200 runs
+ranked the same fp8 configs 15-39% apart (docs/tables.md). This reads
 stores, and for every point (kernel, shape, tokens, routes, active fraction, routing) that two or more
 exhaustive sweeps each measured with at least ``--min-rows`` ok configs, it compares the configs those
 sweeps share, each sweep's times over its own best (like with like):
@@ -11,10 +11,11 @@ sweeps share, each sweep's times over its own best (like with like):
 - the config the table holds for that density (``--configs``), in each sweep;
 - the config whose worst ratio over the sweeps is lowest (robust across runs).
 
-    python benchmarks/cross_run.py results/tuner_s13/exhaustive_searched.sqlite.gz \\
-        results/tuner_s14/full_space_run1.sqlite.gz results/tuner_s14/full_space_run2.sqlite.gz
+    python tools/cross_run.py data/sm_90/fp8_decode/16-deepseek-v3_tp8_gate_up_exhaustive_searched.sqlite.gz \\
+        data/sm_90/fp8_decode/20-deepseek-v3_tp8_gate_up_full_space_run1.sqlite.gz \\
+        data/sm_90/fp8_decode/21-deepseek-v3_tp8_gate_up_full_space_run2.sqlite.gz
 
-Prints one table row per point; pass the committed stores of ``benchmarks/export_tables.sh`` to scan
+Prints one table row per point; pass the stores under data/ to scan
 everything.
 """
 

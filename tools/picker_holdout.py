@@ -5,12 +5,12 @@ picker's rule choose from the rest (the entry nearest in log density; a tie goes
 that config's time at the point from the same store: the ratio to the store's best there is what the
 picker would lose if the table lacked the point. Both times come from one sweep on one machine, but
 each candidate drew its own routing, which moves times by about 1-2% at these densities
-(results/fp8_decode.md, session 13). Also the best config at the neighbouring entries' densities for
+(docs/tables.md). Also the best config at the neighbouring entries' densities for
 comparison. Runs on the CPU, reading gzipped stores as they are:
 
-    python benchmarks/picker_holdout.py -k fp8_decode.gate_up -m deepseek-v3 --tp 8 \\
-        --store results/h200_tables/fp8_decode_deepseek-v3_tp8_exhaustive_s13.sqlite.gz \\
-        --store results/tuner_s13/exhaustive_full_space.sqlite.gz
+    python tools/picker_holdout.py -k fp8_decode.gate_up -m deepseek-v3 --tp 8 \\
+        --store data/sm_90/fp8_decode/15-deepseek-v3_tp8_exhaustive.sqlite.gz \\
+        --store data/sm_90/fp8_decode/17-deepseek-v3_tp8_gate_up_exhaustive_full_space.sqlite.gz
 """
 
 from __future__ import annotations

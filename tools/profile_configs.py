@@ -1,7 +1,7 @@
 """Run given configs of one op a few times each, checked first, for a profiler to capture (H200).
 
 Why ``UNPACK=lut`` issues fewer instructions than ``halves`` at BLOCK_SIZE_M 128 and still runs slower
-(results/fp4_prefill.md, session 12) needs hardware counters: stall reasons, shared-memory bank
+(docs/kernels/fp4_prefill.md) needs hardware counters: stall reasons, shared-memory bank
 conflicts. ``ncu`` reads them on the Firecracker H200 machines. This script makes the problem once,
 checks each config against the reference (so a profile never describes a wrong kernel), then launches
 each ``--launches`` times with NVTX ranges named after the config. Profile it like:
@@ -9,7 +9,7 @@ each ``--launches`` times with NVTX ranges named after the config. Profile it li
     ncu --clock-control none --nvtx --nvtx-include 'cfg0/' --nvtx-include 'cfg1/' --launch-skip 1 \\
         --launch-count 2 --section SpeedOfLight --section WarpStateStats \\
         --section MemoryWorkloadAnalysis --section SourceCounters -o $OUT/fp4 \\
-        python benchmarks/profile_configs.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
+        python tools/profile_configs.py -k fp4_prefill.gate_up -m deepseek-v4-flash --tp 2 \\
         --routes 24576 --config "$HALVES" --config "$LUT"
 
 with HALVES='{"BLOCK_SIZE_M":128,"BLOCK_SIZE_N":64,"BLOCK_SIZE_K":128,"DECODE":"fp8","UNPACK":"halves"}'
