@@ -34,8 +34,9 @@ from moetune.tuner.store import Store
 from moetune.tuner.strategies import STRATEGIES
 from moetune.tuner.sweep import Sweep, full_config
 
-# The fp4 reference subspace: the unpack and the two decodes the H200 tables picked with every tile shape and operand swap, a fixed group size and warp count, 1 or 3 stages;
-# 192-319 candidates a point instead of ~22k.
+# The fp4 reference subspace: the unpack and the two decodes the H200 tables picked with every tile shape
+# and operand swap, a fixed group size and warp count, 1 or 3 stages; 192-319 candidates a point instead
+# of ~22k.
 FP4_SLICE = "UNPACK=halves;A_LAYOUT=indexed;DECODE=fp8|f16;num_stages=1|3;GROUP_SIZE_M=8;num_warps=4"
 # The fp8 reference subspace: every algorithm, split, swap and stage count with the tile sizes and warp
 # counts the H200 tables picked (BLOCK_SIZE_M 16, N 32-256, K 128/256, 4/8 warps) and the activation

@@ -11,7 +11,8 @@ sweeps share, each sweep's times over its own best (like with like):
 - the config the table holds for that density (``--configs``), in each sweep;
 - the config whose worst ratio over the sweeps is lowest (robust across runs).
 
-    python tools/cross_run.py data/sm_90/fp8_decode/16-deepseek-v3_tp8_gate_up_exhaustive_searched.sqlite.gz \\
+    python tools/cross_run.py \\
+        data/sm_90/fp8_decode/16-deepseek-v3_tp8_gate_up_exhaustive_searched.sqlite.gz \\
         data/sm_90/fp8_decode/20-deepseek-v3_tp8_gate_up_full_space_run1.sqlite.gz \\
         data/sm_90/fp8_decode/21-deepseek-v3_tp8_gate_up_full_space_run2.sqlite.gz
 
