@@ -6,7 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-pip wheel -q --no-deps -w "$tmp/whl" .
+# built from a copy of the tracked and unignored files: a stale build/ folder cannot leak into the wheel
+mkdir "$tmp/src"
+git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' f; do
+  [ -e "$f" ] && printf '%s\0' "$f"; done | tar -c --null -T - | tar -x -C "$tmp/src"
+pip wheel -q --no-deps -w "$tmp/whl" "$tmp/src"
 python -m venv "$tmp/venv" --system-site-packages
 "$tmp/venv/bin/pip" install -q --no-deps "$tmp"/whl/*.whl
 cd "$tmp"
