@@ -1,5 +1,5 @@
 """H200 benchmark of the FP4 grouped prefill GEMMs (DeepSeek-V4-Flash, TP=2): the shipped static config,
-session 1's best designs and the new ones (f16x2 PTX unpack, even/odd halves, weights-left MMA), each
+the earlier best designs and the newer ones (f16x2 PTX unpack, even/odd halves, weights-left MMA), each
 checked against the reference before its time counts, all within one ``--budget``.
 
     PYTHONPATH=. python benchmarks/fp4_prefill.py --out OUT_DIR --budget 240
@@ -65,8 +65,8 @@ def is_new(cfg: dict) -> bool:
 
 
 def fixed_configs(op: str) -> list[dict]:
-    """Promising configs in priority order (timed first): session 1's winners, then the new designs."""
-    out = [  # session 1: call-1 winners (the sm_90 heuristic) and the tuner's random-sweep best
+    """Promising configs in priority order (timed first): the earlier winners, then the newer designs."""
+    out = [  # the sm_90 heuristic's configs and the tuner's random-sweep best
         _c(16, 64 if op == "gate_up" else 128, 4, "fp8", "join"), _c(16, 128, 4, "fp8", "join", st=3),
         _c(64, 128, 8, "fp8", "join"), _c(128, 64, 8, "fp8", "join"),
         _c(32, 128, 4, "f16", "asm", st=2, g=16, **({"A_LAYOUT": "gathered"} if op == "gate_up" else {})),
@@ -269,7 +269,7 @@ def _cfg_str(cfg: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("results/fp4_prefill_out"))
+    ap.add_argument("--out", type=Path, default=Path("results/fp4_prefill"))
     ap.add_argument("--routes", type=lambda s: [int(v) for v in s.split(",")], default=None)
     ap.add_argument("--configs", type=Path, help="JSON {op: [configs]} instead of the fixed list + sample")
     ap.add_argument("--sample", type=int, default=8, help="random configs of the new designs per GEMM")

@@ -4,7 +4,7 @@ One call, within --budget seconds (compiles included), for DeepSeek-V3 TP=8 (E 2
 top_k 8) at 1/4/16/64 tokens, everything under CUDA graphs:
 (a) graph replay check: one capture per layer variant, replayed with 8/8, 2/8, 0/8 active routes while
     the inputs change, every buffer NaN-poisoned before each replay; results against the reference.
-(b) each GEMM alone: session 1's best config ("old") against W8A16 GEMVs with pipelining and the A_FP8
+(b) each GEMM alone: the earlier best config ("old") against W8A16 GEMVs with pipelining and the A_FP8
     variants (two-term fp8 activations on fp8 tensor cores), each checked against a torch reference
     before it is timed, then the fastest again with programmatic dependent launch ("+pdl": each launch
     of the graph overlaps the one before), and, if it has A_FP8 2, once more with the activation split
@@ -57,13 +57,13 @@ def cfg(algo, bn, bk, split, warps=4, stages=1, bm=16, swap=0, a8=0, fuse=0, pf=
                 A_FP8=a8, FUSE=fuse, PREFETCH=pf, num_warps=warps, num_stages=stages)
 
 
-# session 1's best hand configs per (GEMM, tokens), results/fp8_decode.md run 2
+# the earlier best hand configs per (GEMM, tokens)
 OLD = {("gate_up", 1): cfg("route", 128, 512, 4, 8), ("gate_up", 4): cfg("route", 32, 512, 4, 4, 3),
        ("gate_up", 16): cfg("route", 128, 256, 1, 8), ("gate_up", 64): cfg("grouped", 64, 256, 2, 4, 3),
        ("down", 1): cfg("route", 128, 256, 1, 8), ("down", 4): cfg("route", 128, 256, 1, 8),
        ("down", 16): cfg("route", 128, 256, 1, 8), ("down", 64): cfg("grouped", 128, 128, 1, 4, 3)}
-# session 2's winners, W8A16 GEMVs that load their next K chunk before multiplying this one (PREFETCH,
-# session 4, not yet timed), then A_FP8 2 (activations split once by their own launch, both MMA operands
+# the next winners, W8A16 GEMVs that load their next K chunk before multiplying this one (PREFETCH),
+# then A_FP8 2 (activations split once by their own launch, both MMA operands
 # through the pipelined loads: vLLM's w8a8 kernel's data flow with two activation terms); vLLM's H200
 # table picks BM16 BN128 BK128 w4 st3-4 for this shape at every batch up to 512
 NEW = {
@@ -430,7 +430,7 @@ def main():
     b.log(f"[done in {time.time() - t0:.0f}s; skipped: {b.skipped or 'nothing'}]")
     (b.out / "fp8_decode.json").write_text(json.dumps(
         dict(gemm=gemm_rows, layer=layer_rows, checks=checks, skipped=b.skipped), indent=1, default=str))
-    b.log("\nper GEMM (us, % of roofline): old = session 1's best, new = fastest variant of this run, "
+    b.log("\nper GEMM (us, % of roofline): old = the earlier best, new = fastest variant of this run, "
           "+pdl = new with programmatic dependent launch, kern = new without its A_FP8 2 split launch")
     b.log(f"{'tok':>3s} {'gemm':7s} {'floor':>6s} {'old us':>7s} {'old%':>5s} {'new us':>7s} {'new%':>5s} "
           f"{'+pdl us':>7s} {'kern us':>7s}  new config")

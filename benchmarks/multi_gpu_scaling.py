@@ -3,9 +3,8 @@
 Each mode is the ``moetune sweep`` command a user types, in its own process, with its own store and
 its own empty Triton cache (so each pays its own compiles, as a first sweep on a host does):
 
-- ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver; since session 3 also
-  what no ``--gpus`` does on a GPU host; session 3's ``plain`` mode, one point at a time, was the
-  default then);
+- ``one``: ``--gpus 0``: one GPU, every point at once (the multi-point driver; also what no
+  ``--gpus`` does on a GPU host);
 - ``all``: ``--gpus all``: one measuring worker per GPU;
 - ``ray``: ``--ray``: a local Ray cluster, one actor per GPU;
 - ``one-pf``, ``all-pf``: ``one`` and ``all`` with ``--prefetch`` (compiling the search's guesses ahead);

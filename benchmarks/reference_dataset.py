@@ -14,9 +14,9 @@ many were measured, so partial points are never passed off as complete.
 1/16/64 tokens, on the reference subspace FP8_SLICE; fp4_prefill gate_up and down,
 DeepSeek-V4-Flash TP=2, 1536/6144/24576 routes, on FP4_SLICE. ``--preset issue7-third``
 is the third model, Qwen3-30B-A3B TP=1, fp8 on FP8_SLICE. The full spaces are 1.4k-14k
-(fp8) and ~22k (fp4) candidates a point: hours each, more than a session's GPU time.
+(fp8) and ~22k (fp4) candidates a point: hours each.
 
-    PYTHONPATH=. python benchmarks/reference_dataset.py --db results/reference/reference.sqlite \\
+    PYTHONPATH=. python benchmarks/reference_dataset.py --db data/reference/reference.sqlite \\
         --preset issue7 --budget-s 520 [--gpus all]
 """
 
@@ -35,9 +35,9 @@ from moetune.tuner.store import Store
 from moetune.tuner.strategies import STRATEGIES
 from moetune.tuner.sweep import Sweep, full_config
 
-# The fp4 reference subspace: the unpack and the two decodes the H200 tables picked (results/fp4_prefill.md,
-# session 2) with every tile shape and operand swap, a fixed group size and warp count, 1 or 3 stages;
-# 192-319 candidates a point instead of ~22k. (Session 1's slice, asm + fp8_scaled, no longer wins.)
+# The fp4 reference subspace: the unpack and the two decodes the H200 tables picked with every tile shape
+# and operand swap, a fixed group size and warp count, 1 or 3 stages; 192-319 candidates a point instead
+# of ~22k.
 FP4_SLICE = "UNPACK=halves;A_LAYOUT=indexed;DECODE=fp8|f16;num_stages=1|3;GROUP_SIZE_M=8;num_warps=4"
 # The fp8 reference subspace: every algorithm, split, swap and stage count with the tile sizes and warp
 # counts the H200 tables picked (BLOCK_SIZE_M 16, N 32-256, K 128/256, 4/8 warps) and the activation

@@ -1,9 +1,9 @@
-"""benchmarks/ncu_hotspots.py: the stall samples of an ncu source page, per instruction and address range."""
+"""tools/ncu_hotspots.py: the stall samples of an ncu source page, per instruction and address range."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from ncu_hotspots import range_totals, read  # noqa: E402
 

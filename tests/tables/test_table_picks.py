@@ -1,9 +1,9 @@
-"""benchmarks/table_picks.py: which intervals between table entries the refine stage splits."""
+"""tools/table_picks.py: which intervals between table entries the refine stage splits."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 from table_picks import boundaries  # noqa: E402
 

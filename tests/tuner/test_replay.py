@@ -117,7 +117,7 @@ def test_rows_from_before_a_spec_change_meet_todays_candidates():
     from moetune.specs.registry import get_spec
     from moetune.tuner.store import read_frame
 
-    data = "results/reference/reference.csv.gz"
+    data = "data/reference/reference.csv.gz"
     spec = get_spec("fp8_decode.down")
     raw = read_frame(data)
     raw = raw[(raw["kernel"] == spec.name) & (raw["tokens"] == 1) & raw["shape"].str.contains('"E":256')]
@@ -136,7 +136,7 @@ def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
     from moetune.problem import canonical_json
     from moetune.tuner.replay import _siblings
 
-    points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill"])
+    points = load_points("data/reference/reference.csv.gz", kernels=["fp4_prefill"])
     down = next(p for p in points if p.kernel == "fp4_prefill.down" and p.routes == 1536)
     gate_up = next(p for p in points if p.kernel == "fp4_prefill.gate_up" and p.routes == 1536)
     won = down.configs[int(np.nanargmin(down.time_ms))]
@@ -149,7 +149,7 @@ def test_replay_hands_one_ops_winner_to_the_other_op_of_its_path():
 def test_the_heuristic_hint_can_be_left_out(monkeypatch):
     from moetune.specs.registry import get_spec
 
-    points = load_points("results/reference/reference.csv.gz", kernels=["fp4_prefill.gate_up"])
+    points = load_points("data/reference/reference.csv.gz", kernels=["fp4_prefill.gate_up"])
     p = next(p for p in points if p.routes == 24576)
     # a heuristic that names this point's measured best (the sm_90 one now picks lut tiles, which the
     # reference slice does not hold): measured second (after the default), or not at all
