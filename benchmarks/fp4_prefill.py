@@ -269,7 +269,7 @@ def _cfg_str(cfg: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("results/fp4_prefill"))
+    ap.add_argument("--out", type=Path, default=Path("bench-out/fp4_prefill"))
     ap.add_argument("--routes", type=lambda s: [int(v) for v in s.split(",")], default=None)
     ap.add_argument("--configs", type=Path, help="JSON {op: [configs]} instead of the fixed list + sample")
     ap.add_argument("--sample", type=int, default=8, help="random configs of the new designs per GEMM")

@@ -57,9 +57,8 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> torch.Tensor:
 
 TYPICAL_TRIES = 64  # draws a typical uniform routing may take before it keeps the closest
 # Draws after the first are made in batches, each one draw of many tokens split into groups: one host
-# sync a batch instead of one a draw (session 14, H200 host: a candidate's inputs took 2.9-4.1 ms with a
-# loop of single draws, each a few launches and a sync; 2.0 ms batched). This caps a batch's logits,
-# tokens x experts x draws.
+# sync a batch instead of one a draw (a loop of single draws, each a few launches and a sync, made input
+# drawing the largest share of a candidate's overhead). This caps a batch's logits, tokens x experts x draws.
 TYPICAL_BATCH_ELEMS = 1 << 22
 
 
@@ -91,8 +90,8 @@ def make_routes(tokens: int, top_k: int, num_experts: int, *, routing: str = "un
     ``typical`` (uniform routing): draw again until the number of distinct active experts is its
     expectation, rounded (at most ``TYPICAL_TRIES`` draws, then the closest), so that every draw reads
     the same expert bytes. The tuner draws each candidate's routing afresh, and at decode densities the
-    distinct-expert count alone moved one config's time by a few percent (results/fp8_decode.md,
-    session 13): the fastest of thousands of candidates was partly the luckiest draw.
+    distinct-expert count alone moves one config's time by a few percent: the fastest of thousands of
+    candidates would partly be the luckiest draw (docs/tuner.md, Noise).
     """
     if typical and parse_routing(routing)[0] == "uniform":
         want = round(expected_distinct(tokens, round(top_k * active_fraction), num_experts))

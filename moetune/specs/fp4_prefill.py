@@ -87,7 +87,7 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
 
     def dominated(self, config: Config, device: DeviceInfo) -> str | None:
         """On sm_90, two decodes are not searched: DECODE f16 and fp8_scaled never came within 3% of a
-        point's best in the committed H200 stores (``benchmarks/dominated_designs.py --family fp4_prefill``;
+        point's best in the committed H200 stores (``tools/dominated_designs.py --family fp4_prefill``;
         docs/kernels/fp4_prefill.md, DECODE). The fp8 decodes run the same dots with fp8 operands, at twice
         the f16 rate."""
         if device.arch == "sm_90" and config.get("DECODE") in ("f16", "fp8_scaled"):

@@ -79,7 +79,7 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
     def dominated(self, config: Config, device: DeviceInfo) -> str | None:
         """On sm_90, three designs are not searched: grouped with A_FP8 0 (bf16 tensor cores), PREFETCH 1,
         and A_FP8 1 (activations split in every program; A_FP8 2 splits them once). In the committed H200
-        stores they (nearly) never came within 3% of a point's best (``benchmarks/dominated_designs.py``;
+        stores they (nearly) never came within 3% of a point's best (``tools/dominated_designs.py``;
         docs/kernels/fp8_decode.md, dominated designs)."""
         if device.arch != "sm_90":
             return None

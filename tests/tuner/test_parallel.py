@@ -614,7 +614,7 @@ def test_cli_ray_without_ray_is_one_line_saying_how_to_install(tmp_path, monkeyp
 def test_a_ready_only_pump_keeps_the_crash_of_a_worker_that_died_on_its_task(tmp_path):
     """A Ray actor's add() pumps its compile pool (ready_only) whenever tasks arrive: if a worker has just
     died on a task (os.abort), that pump must not restart it before harvest() collects the crash, or
-    the task is never answered (session 11: the Ray test hung on it under load)."""
+    the task is never answered (the Ray test hung on it under load)."""
     import time
 
     from moetune.tuner.backends.process import WorkerPool

@@ -122,7 +122,7 @@ def test_rows_from_before_a_spec_change_meet_todays_candidates():
     raw = read_frame(data)
     raw = raw[(raw["kernel"] == spec.name) & (raw["tokens"] == 1) & raw["shape"].str.contains('"E":256')]
     old = [c for c in raw["config"] if set(spec.default) - set(json.loads(c))]
-    assert old  # session 1's rows here predate keys the spec has now (A_FP8, FUSE, PREFETCH)
+    assert old  # the oldest rows here predate keys the spec has now (A_FP8, FUSE, PREFETCH)
     points = load_points(data, kernels=["fp8_decode.down"], min_candidates=20)
     p = next(p for p in points if p.tokens == 1 and p.shape["E"] == 256)
     assert all(set(c) == set(spec.default) for c in p.configs)

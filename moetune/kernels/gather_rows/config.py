@@ -22,7 +22,7 @@ SPACE: dict[str, tuple[int, ...]] = {
     "ROWS_PER_PROGRAM": (1, 2, 4, 8, 16),
     "num_warps": (1, 2, 4, 8),
 }
-# Measured on an H200 (results/gather_rows.md): within 5% of the best listed config at every point
+# Measured on an H200 (docs/kernels/gather_rows.md): within 5% of the best listed config at every point
 # there; 1024x1 tiles were 1.8x slower at 8192 rows (too few bytes in flight per program).
 DEFAULT: Config = {"BLOCK_SIZE_K": 1024, "ROWS_PER_PROGRAM": 4, "num_warps": 4}
 MAX_K_TILES = 65535  # CUDA grid limit of the K-tile axis
