@@ -72,9 +72,9 @@ def _fp8_decode_moe_op(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tens
 @_fp8_decode_moe_op.register_fake
 def _(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation="silu", swiglu_limit=None,
       config="", fused=False, validate=False, pdl=None):
-    from moetune.kernels.fp8_decode.layer import _check_inputs
+    from moetune.kernels.fp8_decode.layer import check_inputs
 
-    m, h, *_ = _check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation,
+    m, h, *_ = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation,
                              swiglu_limit)
     return x.new_empty((m, h))
 
@@ -107,9 +107,9 @@ def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: to
 @_fp4_prefill_moe_op.register_fake
 def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, swiglu_limit=None, config="",
       validate=False):
-    from moetune.kernels.fp4_prefill.layer import _check_inputs
+    from moetune.kernels.fp4_prefill.inputs import check_inputs
 
-    _check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
+    check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
     return x.new_empty(x.shape)
 
 

@@ -13,7 +13,7 @@ from moetune.specs.registry import get_spec
 
 
 @pytest.mark.parametrize("serving_pdl", [True, False])
-def test_spec_and_layer_launch_the_same_gemm_with_the_same_pdl(monkeypatch, serving_pdl):
+def test_spec_and_layer_launch_the_same_gemm_with_the_same_pdl(monkeypatch, serving_pdl, device):
     calls = []
     real = gemm_mod.fp8_block_gemm
 
@@ -33,18 +33,18 @@ def test_spec_and_layer_launch_the_same_gemm_with_the_same_pdl(monkeypatch, serv
     spec = get_spec("fp8_decode.gate_up")
     shape = {"E": 4, "N": 64, "K": 256, "top_k": 2}
     problem = spec.problem(shape, tokens=2)
-    inputs = spec.make_inputs(problem, "cpu", seed=0)
+    inputs = spec.make_inputs(problem, device, seed=0)
     spec.run(inputs, dict(spec.default))
     assert calls == [serving_pdl]
 
     g = torch.Generator().manual_seed(0)
     from moetune.quant import quantize_fp8_block
 
-    x = torch.randn(2, 256, generator=g).to(torch.bfloat16)
-    w13, s13 = quantize_fp8_block(torch.randn(4, 64, 256, generator=g) * 0.05)
-    w2, s2 = quantize_fp8_block(torch.randn(4, 256, 32, generator=g) * 0.05)
-    ids = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32)
-    rw = torch.rand(2, 2, generator=g)
+    x = torch.randn(2, 256, generator=g).to(device, torch.bfloat16)
+    w13, s13 = quantize_fp8_block(torch.randn(4, 64, 256, generator=g).to(device) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(4, 256, 32, generator=g).to(device) * 0.05)
+    ids = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, device=device)
+    rw = torch.rand(2, 2, generator=g).to(device)
     layer_mod.fp8_decode_moe(x, w13, s13, w2, s2, rw, ids)
     assert calls[1:] == [serving_pdl, serving_pdl]  # gate/up and down
 
