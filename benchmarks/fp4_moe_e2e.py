@@ -1,10 +1,10 @@
-"""The whole FP4 prefill MoE (``fp4_prefill_moe``: activation quantization, alignment, gate/up GEMM, swiglu
-and its quantization, down GEMM, the sum over top_k) timed end to end with the tables' picks, and two steps
-alone against what they replaced: ``moe_sum`` (zeroing the fp32 per-route buffer the down GEMM writes,
-``view(m, top_k, h).sum(1)``, the cast) and the input's quantizer ``act_quant`` (torch's
+"""The whole FP4 prefill MoE (``fp4_prefill_moe``: activation quantization, alignment, gate/up GEMM, the
+gated activation and its quantization, down GEMM, the sum over top_k) timed end to end with the tables'
+picks, and two steps alone against what they replaced: ``moe_sum`` (zeroing the fp32 per-route buffer the
+down GEMM writes, ``view(m, top_k, h).sum(1)``, the cast) and the input's quantizer ``act_quant`` (torch's
 ``quantize_fp8_act``, both writing the Gluon K order). DeepSeek-V4-Flash at TP 2 (E 256, hidden 4096, 1024
-intermediate a rank, top_k 6), uniform routing; CUDA-graph timings (``triton.testing.do_bench_cudagraph``).
-Writes e2e.json under --out, prints a table last.
+intermediate a rank, top_k 6, the preset's activation), uniform routing; CUDA-graph timings
+(``triton.testing.do_bench_cudagraph``). Writes e2e.json under --out, prints a table last.
 
     PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576 [--profile]
 
@@ -23,6 +23,14 @@ import triton
 E, H, INTER, TOP_K = 256, 4096, 1024, 6
 
 
+def _activation() -> dict:
+    """The model's activation (the preset's: silu, no clamp), as fp4_prefill_moe takes it."""
+    from moetune.models import PRESETS
+
+    model = PRESETS["deepseek-v4-flash"]
+    return {"activation": model.activation, "swiglu_limit": model.swiglu_limit}
+
+
 def point(routes: int, w13, w2) -> dict:
     from moetune.kernels.fp4_prefill.act_quant import act_quant
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
@@ -34,6 +42,7 @@ def point(routes: int, w13, w2) -> dict:
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     down = torch.randn(routes, H, device="cuda")
+    act = _activation()
 
     def replaced():
         torch.zeros_like(down)
@@ -41,10 +50,11 @@ def point(routes: int, w13, w2) -> dict:
 
     bench = triton.testing.do_bench_cudagraph
     try:
-        moe_ms, mode = bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids)), "cuda graph"
+        moe_ms, mode = bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)), "cuda graph"
     except RuntimeError as e:  # not capturable: timed with its launch overhead, and said so
         print(f"capture failed ({str(e)[:200]}): do_bench", flush=True)
-        moe_ms, mode = triton.testing.do_bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids)), "do_bench"
+        moe_ms = triton.testing.do_bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids, **act))
+        mode = "do_bench"
     return {"routes": routes, "moe_ms": moe_ms, "moe_timing": mode,
             "sum_replaced_ms": bench(replaced),
             "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16)),
@@ -60,11 +70,12 @@ def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
     m = routes // TOP_K
     x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
     ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    fp4_prefill_moe(x, *w13, *w2, wts, ids)
+    act = _activation()
+    fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            fp4_prefill_moe(x, *w13, *w2, wts, ids)
+            fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)
         torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="device_time_total", row_limit=20)
     return f"{routes} routes, {calls} calls\n{table}"

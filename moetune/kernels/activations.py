@@ -18,7 +18,7 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: str,
     """fp32 math; returns fp32.
 
     - ``silu``: silu(gate) * up; with ``limit``, gate is clamped above and up to
-      [-limit, limit] first (DeepSeek's swiglu_limit; the FP4 prefill path uses this).
+      [-limit, limit] first (DeepSeek's swiglu_limit).
     - ``gelu_tanh``: gelu(gate, tanh approximation) * up.
     - ``swiglu``: gpt-oss style, gate * sigmoid(1.702 * gate) * (up + 1), with the
       same optional clamps.

@@ -1,11 +1,12 @@
 """The FP8 activation quantizers of the FP4 prefill path: the input's (``act_quant``) and, fused, the step
-between the GEMMs: swiglu, routing weight, FP8 quantization (``swiglu_quant``).
+between the GEMMs: gated activation, routing weight, FP8 quantization (``swiglu_quant``).
 
-One program per (row, group): for ``swiglu_quant`` ``h = silu(min(gate, limit)) * clamp(up, -limit, limit) *
-weight`` in fp32, for ``act_quant`` the input row; then ``q = h / scale`` in e4m3 with the power-of-two
-``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the exponent taken from
-the fp32 bits so no log is rounded). Inactive routes return before reading anything; their rows are never
-read by the down GEMM.
+One program per (row, group): for ``swiglu_quant`` ``h = act(gate, up) * weight`` in fp32, ``act`` one of
+:data:`moetune.kernels.activations.ACTIVATIONS` with its optional clamp (silu: ``silu(min(gate, limit)) *
+clamp(up, -limit, limit)``), for ``act_quant`` the input row; then ``q = h / scale`` in e4m3 with the
+power-of-two ``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the
+exponent taken from the fp32 bits so no log is rounded). Inactive routes return before reading anything;
+their rows are never read by the down GEMM.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import triton
 import triton.language as tl
 
 from moetune.device import interpreter_active
+from moetune.kernels.activations import ACTIVATIONS
+
+_ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}  # the kernel's ACTIVATION
 
 
 @triton.jit
@@ -55,7 +59,8 @@ def _quant_group_store(h, offs, ok, g, q_row, s_row, GROUP: tl.constexpr, ROUND_
 @triton.jit
 def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, width, limit, stride_gu, stride_q,
                          stride_s, HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
-                         WGMMA_ORDER: tl.constexpr):
+                         WGMMA_ORDER: tl.constexpr, ACTIVATION: tl.constexpr):
+    """ACTIVATION: 0 silu, 1 gelu_tanh, 2 swiglu, formulas and clamps as moetune.kernels.activations."""
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     if tl.load(ids_ptr + r) < 0:
@@ -64,10 +69,18 @@ def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, width, lim
     ok = offs < inter
     gate = tl.load(gu_ptr + r * stride_gu + offs, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + r * stride_gu + inter + offs, mask=ok, other=0.0).to(tl.float32)
-    if HAS_LIMIT:
+    if HAS_LIMIT and ACTIVATION != 1:  # gelu_tanh takes no clamp
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)  # 0 past inter: silu(0) * 0
+    # every activation is 0 past inter (gate = up = 0), so the group's amax is the real columns'
+    if ACTIVATION == 0:
+        h = gate / (1.0 + tl.exp(-gate)) * up * tl.load(w_ptr + r)
+    else:
+        if ACTIVATION == 1:  # 0.5 (1 + tanh(z)) == sigmoid(2 z), z = sqrt(2 / pi) (gate + 0.044715 gate^3)
+            act = gate * tl.sigmoid(1.5957691216057308 * (gate + 0.044715 * gate * gate * gate)) * up
+        else:  # alpha = moetune.kernels.activations.SWIGLU_ALPHA
+            act = gate * tl.sigmoid(1.702 * gate) * (up + 1.0)
+        h = act * tl.load(w_ptr + r)
     _quant_group_store(h, offs, offs < width, g, q_ptr + r * stride_q, s_ptr + r * stride_s, GROUP,
                        ROUND_FIRST, WGMMA_ORDER)
 
@@ -122,12 +135,14 @@ def act_quant(x: torch.Tensor, group: int = 128, *, k_order: str = "real",
 
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
-                 group: int = 128, *, k_order: str = "real",
-                 width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 group: int = 128, *, k_order: str = "real", width: int | None = None,
+                 activation: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
     """``gate_up [R, 2I]`` (fp32 or bf16, math in fp32) and ``weights``, ``ids`` ``[R]`` ->
-    ``(q e4m3 [R, W], scales fp32 [R, ceil(W / group)])``, W = ``width`` >= I (default I, zeros past I);
-    rows of inactive routes are left unwritten. ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K
-    order (W % 128 == 0, group 128)."""
+    ``(q e4m3 [R, W], scales fp32 [R, ceil(W / group)])`` of ``gated_activation(gate, up, activation,
+    limit) * weight``, W = ``width`` >= I (default I, zeros past I); rows of inactive routes are left
+    unwritten. ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (W % 128 == 0, group 128)."""
+    if activation not in _ACT_CODE:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     routes, two_i = gate_up.shape
     inter = two_i // 2
     q, s, width, groups = _outputs(routes, inter, width, group, k_order, "intermediate", gate_up.device)
@@ -136,5 +151,6 @@ def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
             gate_up, weights, ids, q, s, inter, width, 0.0 if limit is None else float(limit),
             gate_up.stride(0), q.stride(0), s.stride(0), HAS_LIMIT=limit is not None, GROUP=group,
             ROUND_FIRST=interpreter_active(), WGMMA_ORDER=k_order == "wgmma",
+            ACTIVATION=_ACT_CODE[activation],
         )
     return q, s

@@ -1,10 +1,12 @@
-"""FP4 (ds_fp4 / MXFP4 weights, W4A8 numerics) grouped MoE prefill: gate/up GEMM, swiglu, down GEMM.
+"""FP4 (ds_fp4 / MXFP4 weights, W4A8 numerics) grouped MoE prefill: gate/up GEMM, gated activation, down
+GEMM.
 
 Pipeline: x is quantized per token per 128 to e4m3; routes are sorted by expert and
 padded to whole M-blocks; the gate/up GEMM (A row = token) writes one fp32 row per
-route; one fused kernel applies swiglu (optional clamp) times the routing weight in
-fp32 and quantizes the result the same way; the down GEMM (A row = route) writes fp32
-(config OUT_DTYPE "bf16": bf16) rows that are summed over top_k.
+route; one fused kernel applies the gated activation (silu, gelu_tanh or gpt-oss's
+swiglu, optional clamp) times the routing weight in fp32 and quantizes the result the
+same way; the down GEMM (A row = route) writes fp32 (config OUT_DTYPE "bf16": bf16)
+rows that are summed over top_k.
 Inactive routes (``topk_ids == -1``) are dropped by the alignment, so nothing of
 theirs is read and they contribute zero.
 """
@@ -20,7 +22,7 @@ from moetune.kernels.fp4_prefill import triton_gemm
 from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.kernels.fp4_prefill.align import Alignment, align_routes
 from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
-from moetune.kernels.fp4_prefill.inputs import check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)
@@ -96,7 +98,7 @@ def _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts: int) -> None:
 
 def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+                    topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
     """Routed-expert MoE output ``[M, H]`` (dtype of ``x``) from MXFP4 expert banks.
 
@@ -108,7 +110,10 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             by under 256 (:func:`moetune.quant.pad_mxfp4_k`, once at load): the activations are quantized to
             the padded width, so a K that is not a multiple of 256 can run the Gluon kernels.
         topk_weights, topk_ids: ``[M, top_k]``; id -1 marks an inactive route.
-        swiglu_limit: optional clamp (gate above, up both sides) before silu(gate) * up.
+        activation: ``"silu"`` (silu(gate) * up), ``"gelu_tanh"`` or ``"swiglu"`` (gpt-oss: gate *
+            sigmoid(1.702 gate) * (up + 1)), as :func:`moetune.kernels.activations.gated_activation`.
+        swiglu_limit: optional clamp (gate above, up both sides) before silu or swiglu; gelu_tanh ignores
+            it. None or a positive finite number.
         config: ``{"gate_up": {...}, "down": {...}}``, each with BLOCK_SIZE_M/N/K,
             GROUP_SIZE_M, num_warps, num_stages and the design switches DECODE, UNPACK
             (and A_LAYOUT for gate/up); a missing GEMM asks the tile picker.
@@ -116,6 +121,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     """
     experts, inter, k1, k2 = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                           topk_ids)
+    check_activation(activation, swiglu_limit)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k
@@ -141,7 +147,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                  a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
     hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit,
-                          k_order=order["down"], width=k2)
+                          k_order=order["down"], width=k2, activation=activation)
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
     # inactive routes' rows: never read

@@ -9,20 +9,22 @@ from typing import Any
 import torch
 
 from moetune.kernels.activations import gated_activation
-from moetune.kernels.fp4_prefill.inputs import check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
 from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from moetune.quant.mxfp4 import dequantize_mxfp4
 
 
 def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                               w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                              topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+                              topk_ids: torch.Tensor, *, activation: str = "silu",
+                              swiglu_limit: float | None = None,
                               config: Mapping[str, Any] | None = None,
                               validate: bool = False) -> torch.Tensor:
     """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
     ``config`` is ignored."""
     experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                         topk_ids)
+    check_activation(activation, swiglu_limit)
     m, h = x.shape
     out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
     if m == 0:
@@ -34,7 +36,7 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
     for e in torch.unique(ids[ids >= 0]).tolist():
         tok, slot = (ids == e).nonzero(as_tuple=True)
         gu = xd[tok] @ dequantize_mxfp4(w13_packed[e], w13_scale[e])[:, :h].T
-        act = gated_activation(gu[:, :inter], gu[:, inter:], "silu", swiglu_limit)
+        act = gated_activation(gu[:, :inter], gu[:, inter:], activation, swiglu_limit)
         act = act * topk_weights[tok, slot].float().unsqueeze(1)
         hd = dequantize_fp8_act(*quantize_fp8_act(act))
         out.index_add_(0, tok, hd @ dequantize_mxfp4(w2_packed[e], w2_scale[e])[:, :inter].T)

@@ -120,7 +120,8 @@ def test_quantizers_compile_for_sm90_with_the_hardware_e4m3_conversion():
                      "types": {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
                      "options": {"num_warps": 4}})
         jobs.append({"kernel": "moetune.kernels.fp4_prefill.act_quant._swiglu_quant_kernel",
-                     "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order},
+                     "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order,
+                               "ACTIVATION": 0},
                      "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                                "s_ptr": "*fp32", "limit": "fp32"},
                      "options": {"num_warps": 4}})
