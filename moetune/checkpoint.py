@@ -81,20 +81,15 @@ class MoeLayerWeights:
 
     def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(w13, w13_scale, w2, w2_scale)``; NotImplementedError where the kernels cannot compute this
-        layer's function (a bias, or an activation the path lacks) rather than silently computing another."""
+        layer's function (a bias) rather than silently computing another."""
         if self.w13_bias is not None or self.w2_bias is not None:
             raise NotImplementedError(f"{self.format} experts have biases (gate_up_proj_bias, "
                                       f"down_proj_bias), and no moetune kernel takes a bias input")
-        if self.kind == "fp4" and self.activation != "silu":
-            raise NotImplementedError(f"{self.format} experts use activation {self.activation!r}; the FP4 "
-                                      f"path computes silu (with an optional clamp) only")
         return self.w13, self.w13_scale, self.w2, self.w2_scale
 
     def layer_kwargs(self) -> dict[str, Any]:
         """The activation arguments the path's layer and reference take."""
-        if self.kind == "fp8":
-            return {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
-        return {"swiglu_limit": self.swiglu_limit}
+        return {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
 
 
 # ---- sources ----------------------------------------------------------------------------------------

@@ -96,31 +96,33 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 @torch.library.custom_op("moetune::fp4_prefill_moe", mutates_args=())
 def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                         w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor, swiglu_limit: float | None = None, config: str = "",
-                        validate: bool = False) -> torch.Tensor:
+                        topk_ids: torch.Tensor, activation: str = "silu", swiglu_limit: float | None = None,
+                        config: str = "", validate: bool = False) -> torch.Tensor:
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe as layer
 
-    return layer(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids,
+    return layer(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation=activation,
                  swiglu_limit=swiglu_limit, config=_parse(config), validate=validate)
 
 
 @_fp4_prefill_moe_op.register_fake
-def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, swiglu_limit=None, config="",
-      validate=False):
-    from moetune.kernels.fp4_prefill.inputs import check_inputs
+def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation="silu",
+      swiglu_limit=None, config="", validate=False):
+    from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
 
     check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
+    check_activation(activation, swiglu_limit)
     return x.new_empty(x.shape)
 
 
 def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, *, swiglu_limit: float | None = None,
+                    topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | str | None = None, validate: bool = False) -> torch.Tensor:
     """:func:`moetune.kernels.fp4_prefill.layer.fp4_prefill_moe` through
     ``torch.ops.moetune.fp4_prefill_moe`` (same arguments; ``config`` also as its JSON text)."""
     return torch.ops.moetune.fp4_prefill_moe(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                             topk_ids, swiglu_limit=swiglu_limit, config=config_json(config),
+                                             topk_ids, activation=activation, swiglu_limit=swiglu_limit,
+                                             config=config_json(config),
                                              validate=validate)
 
 

@@ -123,6 +123,7 @@ def test_gpt_oss_round_trip_deinterleaves_and_refuses_biases(tmp_path):
     assert same_bytes(got.w2, q2) and same_bytes(got.w2_scale, s2)
     assert torch.equal(got.w13_bias, b13) and torch.equal(got.w2_bias, b2)
     assert (got.activation, got.swiglu_limit) == ("swiglu", 7.0)
+    assert got.layer_kwargs() == {"activation": "swiglu", "swiglu_limit": 7.0}  # the FP4 path computes it
     with pytest.raises(NotImplementedError, match="biases"):
         got.kernel_args()
 
