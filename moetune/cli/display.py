@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -133,7 +134,7 @@ def progress(what: str, start: str = "", quiet: bool = False) -> Iterator[Callab
     task = bar.add_task(start, total=None)
 
     def update(done: int, total: int, label: str) -> None:
-        bar.update(task, completed=done, total=total, description=label)
+        bar.update(task, completed=done, total=total, description=escape(label))
 
     with bar:
         yield update
