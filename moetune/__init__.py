@@ -13,6 +13,8 @@ _LAZY = {
     "KernelSpec": "moetune.specs.base",
     "register": "moetune.specs.registry",
     "get_spec": "moetune.specs.registry",
+    "tune": "moetune.tuner.api",
+    "export_tables": "moetune.tuner.api",
 }
 # Modules reachable as attributes, e.g. ``moetune.picker.pick_config_with_source``.
 _MODULES = {"picker": "moetune.tables.picker", "reference": "moetune.reference"}

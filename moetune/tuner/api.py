@@ -142,8 +142,8 @@ class Tuning:
             self.store.close()
 
     def result(self) -> SweepResult:
-        rows = read_frame(self.db, "db")
-        rows = rows[rows["sweep_id"] == self.sweep.sweep_id].reset_index(drop=True)
+        with Store(self.db, readonly=True) as store:
+            rows = store.frame(sweep_id=self.sweep.sweep_id)
         return SweepResult(self.sweep.sweep_id, self.db, rows, [_best(pt) for pt in self.points],
                            self.points, list(self.plan.notes), self.sweep.timed_out)
 
