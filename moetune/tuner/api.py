@@ -1,5 +1,6 @@
 """The Python tuning API: :func:`tune` (what ``moetune sweep`` runs) and :func:`export_tables` (what
-``moetune export`` runs). The CLI calls these with its options and draws their events; a script gets
+``moetune export`` runs). The CLI calls these with its options and draws their events (``moetune sweep``
+through :func:`prepare`, which stops before measuring so it can print the plan first); a script gets
 the same sweep, store and tables without the CLI's display::
 
     result = moetune.tune(model="deepseek-v3", kernels="fp8_decode", tokens=[1, 16], tp=8)

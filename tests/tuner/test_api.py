@@ -69,11 +69,15 @@ def test_tune_checks_its_input_before_touching_the_store(tmp_path):
     assert not db.exists()
 
 
-def test_export_tables_keeps_interpreter_rows_out_of_the_packaged_tables(tmp_path, monkeypatch, own_tables):
+def test_export_tables_keeps_interpreter_rows_out_of_the_packaged_tables(tmp_path, monkeypatch, own_tables,
+                                                                          capsys):
     packaged = tmp_path / "packaged"
     monkeypatch.setattr(picker, "PACKAGED", packaged)
     db = tmp_path / "r.sqlite"
-    moetune.tune(model="tiny", kernels="test.steady", tokens=1, strategy="random", budget=2, db=db)
+    moetune.tune(model="tiny", kernels="test.steady", tokens=1, strategy="random", budget=2, db=db,
+                 quiet=False)
+    err = capsys.readouterr().err  # not quiet: plain lines on stderr
+    assert "1 point(s), about 2 measurement(s)" in err and "2/2 measured" in err and "best " in err
     with pytest.raises(ValueError, match="--allow-interpreter"):
         moetune.export_tables(db)
     assert not packaged.exists()
