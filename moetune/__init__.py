@@ -15,6 +15,8 @@ _LAZY = {
     "get_spec": "moetune.specs.registry",
     "load_moe_layer": "moetune.checkpoint",
     "MoeLayerWeights": "moetune.checkpoint",
+    "tune": "moetune.tuner.api",
+    "export_tables": "moetune.tuner.api",
 }
 # Modules reachable as attributes, e.g. ``moetune.picker.pick_config_with_source``.
 _MODULES = {"picker": "moetune.tables.picker", "reference": "moetune.reference", "ops": "moetune.ops",

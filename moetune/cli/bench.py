@@ -10,6 +10,7 @@ from rich.table import Table
 
 from moetune.cli import app
 from moetune.cli._common import console, fail, kernel_list, split_list, user_errors
+from moetune.cli.display import progress
 
 
 def _ms(v: float | None) -> str:
@@ -85,6 +86,7 @@ def bench(
     kernel_only: Annotated[bool, typer.Option(help="time each op's kernel alone: its route alignment and "
                                                     "activation split made beforehand, as a layer "
                                                     "shares or fuses them (per-kernel figures)")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
     from moetune.tuner.backends.process import Runner
@@ -108,18 +110,11 @@ def bench(
     if not device.is_gpu:
         console.print("[yellow]note:[/] no GPU: kernels run through the Triton interpreter on tiny problems; "
                       "accuracy checks are real, times are meaningless")
-    n = len(plan.problems)
     try:
-        with console.status(f"benching {n} point(s)") as status:
-            done = 0
-
-            def on_row(row: dict[str, Any]) -> None:
-                nonlocal done
-                done += 1
-                status.update(f"benching: {done}/{n} point(s) done")
-
+        with progress("bench", "starting the workers", quiet) as on_progress:
             try:
-                result = bench_problems(plan.problems, runner, repeat=repeat, seed=seed, on_row=on_row)
+                result = bench_problems(plan.problems, runner, repeat=repeat, seed=seed,
+                                        on_progress=on_progress)
             except RuntimeError as e:  # a worker that cannot start (broken install, no GPU memory)
                 fail(str(e))
     finally:

@@ -1,12 +1,16 @@
-"""The sweep's live display (progress, per-worker rows, best so far) and its summary table."""
+"""The sweep's live display (progress, per-worker rows, best so far) and its summary table; the progress
+bar of the other long commands (replay, bench, export)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -114,6 +118,26 @@ class Display:
             text = " ".join(f"[{STATUS_STYLE[s]}]{s} {n}[/]" for s, n in sorted(self.counts.items()))
             self.progress.update(self.task, advance=1, description=text)
         self.live.update(self._render())
+
+
+@contextlib.contextmanager
+def progress(what: str, start: str = "", quiet: bool = False) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar fed by a tuner function's ``on_progress(done, total, label)``; ``start`` is
+    shown until the first call (e.g. while data loads). Transient: on a terminal it goes when the work
+    is done, and elsewhere (a pipe, a log) it prints nothing, so the command's output is the same."""
+    if quiet:
+        yield lambda done, total, label: None
+        return
+    bar = Progress(TextColumn(f"[bold]{what}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                   console=console, transient=True)
+    task = bar.add_task(start, total=None)
+
+    def update(done: int, total: int, label: str) -> None:
+        bar.update(task, completed=done, total=total, description=escape(label))
+
+    with bar:
+        yield update
 
 
 def summary_table(points: list[Any], interpreter: bool) -> Table:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from moetune.cli import app
 from moetune.cli._common import console, kernel_list, split_list, user_errors
+from moetune.cli.display import progress
 
 
 def _table(title: str, frame, columns: dict[str, str]) -> Table:
@@ -67,6 +68,7 @@ def replay(
     csv: Annotated[Path | None, typer.Option(help="write every run (one row per seed) here as CSV")] = None,
     markdown_out: Annotated[Path | None, typer.Option("--markdown", help="write the tables here as "
                                                                          "Markdown")] = None,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Replay strategies on stored exhaustive sweeps: quality of the config found vs measurements made.
 
@@ -84,8 +86,9 @@ def replay(
         strategies = split_list(strategy)
         rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
         skipped: list[str] = []
-        points = rp.load_points(data, kernel_list(kernel), min_candidates, skipped)
-        runs = rp.replay(points, strategies, budgets, seeds, batch, noise, heuristic)
+        with progress("replay", f"reading {data}", quiet) as on_progress:
+            points = rp.load_points(data, kernel_list(kernel), min_candidates, skipped)
+            runs = rp.replay(points, strategies, budgets, seeds, batch, noise, heuristic, on_progress)
     for label in skipped:
         console.print(f"[yellow]note:[/] left out {label}")
     summ, pp = rp.summary(runs), rp.per_point(runs)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -101,43 +100,20 @@ def sweep(
                                                                   "steps")] = False,
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
-    from moetune.device import device_info
-    from moetune.tuner.factory import make_runner
-    from moetune.tuner.problems import build_plan
-    from moetune.tuner.store import Store
-    from moetune.tuner.strategies import DEFAULT_STRATEGY, get_strategy
-    from moetune.tuner.sweep import check_retry, load_starts, plan_points
+    from moetune.tuner.api import prepare
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
-        device = device_info()
-        plan = build_plan(kernel_list(kernel), model=model, tp=tp, ep=ep, shape=shape,
-                          tokens=split_list(tokens, int), routes=split_list(routes, int),
-                          active=split_list(active, float), routing=split_list(routing), device=device)
-        strategy = strategy or DEFAULT_STRATEGY
-        get_strategy(strategy)
-        if budget is not None and budget < 1:
-            raise ValueError(f"--budget must be >= 1, got {budget}")
-        if time_limit is not None and time_limit <= 0:
-            raise ValueError(f"--time-limit must be positive, got {time_limit}")
-        retries = check_retry(split_list(retry))
-        starts = load_starts(start) if start is not None else []
-        runner, driver = make_runner(gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
-                                     ray_gpus_per_actor=ray_gpus_per_actor, timeout=timeout, jobs=jobs,
-                                     timing={"slow_ratio": 0.0} if full_timing else None)
-        runner.launch()  # worker processes import torch and Triton while the space is planned
-        try:
-            t_plan = time.monotonic()
-            points = plan_points(plan.problems, device, full_space=full_space)
-            startup = {"planned": time.monotonic() - t_plan}
-            store = Store(db)
-        except ValueError:
-            runner.close()
-            raise
-        sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                    retry=retries, starts=starts, full_space=full_space, prefetch=prefetch)
-        points = sw.plan(points, device)
-    interpreter = not device.is_gpu
-    for note in plan.notes:
+        tuning = prepare(model=model, kernels=kernel_list(kernel), shape=shape,
+                         tokens=split_list(tokens, int), routes=split_list(routes, int),
+                         active=split_list(active, float), routing=split_list(routing), tp=tp, ep=ep,
+                         db=db, budget=budget, strategy=strategy,
+                         seed=seed, timeout=timeout, jobs=jobs, time_limit=time_limit, prefetch=prefetch,
+                         gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
+                         ray_gpus_per_actor=ray_gpus_per_actor, retry=split_list(retry),
+                         full_timing=full_timing, starts=start, full_space=full_space, cross=cross)
+    sw, points, starts = tuning.sweep, tuning.points, tuning.starts
+    interpreter = not tuning.device.is_gpu
+    for note in tuning.plan.notes:
         console.print(f"[yellow]note:[/] {note}")
     for i in sw.unused_starts():
         console.print(f"[yellow]note:[/] --start config {i + 1} ({json.dumps(starts[i])}) is in no point's "
@@ -149,26 +125,15 @@ def sweep(
     pruned = sum(pt.pruned for pt in points)
     skipped = "" if full_space else " and dominated designs"
     console.print(f"{len(points)} point(s), {sum(len(pt.candidates) for pt in points)} candidates after "
-                  f"constraints{skipped} ({pruned} pruned), strategy {strategy}, store {db}")
-    display = None if quiet else Display(interpreter, runner)
-    shown = display.on_event if display else sw.on_event
-
-    def on_event(kind: str, **kw: Any) -> None:
-        if kind == "result" and "first result" not in startup:
-            startup["first result"] = time.monotonic() - t_plan
-        shown(kind, **kw)
-
-    sw.on_event = on_event
+                  f"constraints{skipped} ({pruned} pruned), strategy {tuning.strategy}, store {db}")
+    display = None if quiet else Display(interpreter, tuning.runner)
+    tuning.on_event = display.on_event if display else None
     interrupted = False
     try:
         if display:
             display.__enter__()
         try:
-            runner.start()
-            startup["workers ready"] = time.monotonic() - t_plan
-            sw.run()
-            if cross and not sw.timed_out:
-                sw.cross()
+            tuning.run()
         except KeyboardInterrupt:
             interrupted = True
         except RuntimeError as e:  # a worker that cannot start at all (broken install, no GPU memory)
@@ -178,13 +143,12 @@ def sweep(
                 display.__exit__(None, None, None)
                 console.print()
     finally:
-        runner.close()
-        store.close()
+        tuning.close()
     console.print(summary_table(points, interpreter))
     written = sum(sum(pt.counts.values()) for pt in points)
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id})")
     if verbose:
-        _diagnostics(sw, startup, interpreter)
+        _diagnostics(sw, tuning.startup, interpreter)
     if sw.timed_out:
         console.print(f"[yellow]time limit:[/] stopped after {time_limit:g} s; rerun to continue")
     if interrupted:

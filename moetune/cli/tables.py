@@ -23,27 +23,12 @@ from moetune.cli._common import (
     of_kernels,
     user_errors,
 )
+from moetune.cli.display import progress
 from moetune.tables.picker import PACKAGED
 
 
 def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
-
-
-def _interpreter_rows(dbs: list[Path], kernels: list[str], device: str | None) -> int:
-    """How many rows the export would read that the Triton interpreter measured (arch "interpreter")."""
-    from moetune.device import INTERPRETER
-    from moetune.tuner.store import read_frame
-
-    count = 0
-    for path in dbs:
-        frame = read_frame(path, "--db")
-        if device is not None:
-            frame = frame[frame["device_name"] == device]
-        if kernels:
-            frame = frame[frame["kernel"].map(lambda k: of_kernels(k, kernels))]
-        count += int((frame["arch"] == INTERPRETER.arch).sum())
-    return count
 
 
 @app.command()
@@ -59,21 +44,19 @@ def export(
         help="device whose results fill the arch tables (default: the most measured one)")] = None,
     allow_interpreter: Annotated[bool, typer.Option(
         help="let interpreter (CPU) results, whose times are meaningless, into the packaged tables")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Write the best accurate config per (device, shape, density) from the store into tables."""
-    from moetune.tuner.export import export as run_export
+    from moetune.tuner.api import export_tables
 
     kernels = kernel_list(kernel)
     dbs = db or [Path(DEFAULT_DB)]
-    with user_errors():
+    with user_errors(), progress("export", "reading the store(s)", quiet) as on_progress:
         if out is None and not allow_interpreter:
-            check_kernels(kernels)
-            n = _interpreter_rows(dbs, kernels, device)
-            if n:
-                fail(f"{n} of the rows to export were measured on the Triton interpreter (CPU; times are "
-                     f"meaningless): not writing them into the packaged tables {PACKAGED}; give --out DIR, "
-                     "--device, or --allow-interpreter")
-        result = run_export(dbs, out or PACKAGED, kernels=kernels, device=device, arch_device=arch_device)
+            check_kernels(kernels)  # the rules' one line for an unknown name, before any store is read
+        result = export_tables(dbs, out or PACKAGED, kernels=kernels, device=device, arch_device=arch_device,
+                               allow_interpreter=allow_interpreter or out is not None,
+                               on_progress=on_progress)
     for f in result.files:
         counts: dict[str, int] = {}
         for c in f.changes:

@@ -179,14 +179,18 @@ def role_configs(spec: KernelSpec, problem: Problem, device: DeviceInfo) -> tupl
 
 
 def bench_problems(problems: Sequence[Problem], runner: SequentialBackend, *, repeat: int = 1,
-                   seed: int = 0, on_row: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
-    """Measure the three roles at every problem on a started-or-not ``runner``; rows in problem order."""
+                   seed: int = 0, on_row: Callable[[dict[str, Any]], None] | None = None,
+                   on_progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
+    """Measure the three roles at every problem on a started-or-not ``runner``; rows in problem order.
+    ``on_progress(done, total, label)``: before each problem and after the last."""
     if repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {repeat}")
     device = runner.device or runner.start()
     result = BenchResult(device=device, versions=dict(runner.versions),
                          kernel_only=bool(runner.timing.get("kernel_only")))
-    for problem in problems:
+    for i, problem in enumerate(problems):
+        if on_progress is not None:
+            on_progress(i, len(problems), point_text(problem))
         spec = get_spec(problem.kernel)
         configs, pick = role_configs(spec, problem, device)
         unique = {canonical_json(c): c for c in configs.values()}
@@ -201,7 +205,17 @@ def bench_problems(problems: Sequence[Problem], runner: SequentialBackend, *, re
         result.rows.append(row)
         if on_row is not None:
             on_row(row)
+    if on_progress is not None:
+        on_progress(len(problems), len(problems), "")
     return result
+
+
+def point_text(problem: Problem) -> str:
+    """``fp8_decode.gate_up t16 r32`` (active fraction and routing where not 1 and uniform)."""
+    text = f"{problem.kernel} t{problem.tokens} r{problem.routes}"
+    if problem.active_fraction != 1:
+        text += f" a{problem.active_fraction:g}"
+    return text if problem.routing == "uniform" else f"{text} {problem.routing}"
 
 
 def _row(problem: Problem, device: DeviceInfo, configs: Mapping[str, Config],
@@ -228,7 +242,8 @@ def bench(kernels: Sequence[str] = (), *, model: str | None = None, tp: int = 1,
           shape: str | dict | None = None, tokens: Sequence[int] = (), routes: Sequence[int] = (),
           active: Sequence[float] = (), routing: Sequence[str] = ("uniform",), repeat: int = 1,
           seed: int = 0, timeout: float = 60.0, timing: dict[str, Any] | None = None,
-          on_row: Callable[[dict[str, Any]], None] | None = None) -> BenchResult:
+          on_row: Callable[[dict[str, Any]], None] | None = None,
+          on_progress: Callable[[int, int, str], None] | None = None) -> BenchResult:
     """Plan the problems (as ``moetune sweep`` does) and bench them; the Python face of ``moetune bench``.
 
     Decode ops default to active fraction 1 here (a sweep also tunes 1/2 and 1/4).
@@ -236,7 +251,8 @@ def bench(kernels: Sequence[str] = (), *, model: str | None = None, tp: int = 1,
     plan, device = plan_bench(kernels, model=model, tp=tp, ep=ep, shape=shape, tokens=tokens, routes=routes,
                               active=active, routing=routing, repeat=repeat)
     with Runner(timeout=timeout, jobs=bench_jobs(device), timing=timing) as runner:
-        result = bench_problems(plan.problems, runner, repeat=repeat, seed=seed, on_row=on_row)
+        result = bench_problems(plan.problems, runner, repeat=repeat, seed=seed, on_row=on_row,
+                                on_progress=on_progress)
     result.notes = plan.notes + result.notes
     return result
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -341,11 +341,12 @@ def _write(path: Path, doc: dict, result: ExportResult) -> None:
 
 
 def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKAGED, *,
-           kernels: Iterable[str] = (), device: str | None = None, arch_device: str | None = None
-           ) -> ExportResult:
+           kernels: Iterable[str] = (), device: str | None = None, arch_device: str | None = None,
+           on_progress: Callable[[int, int, str], None] | None = None) -> ExportResult:
     """Write the best configs of one store, or of several pooled (e.g. a new sweep's beside an older
     one's), into tables under ``out``; bad rows are reported, not exported. A store may also be given
-    as its CSV/Parquet export (``moetune results --csv``), the compact form kept in the repository."""
+    as its CSV/Parquet export (``moetune results --csv``), the compact form kept in the repository.
+    ``on_progress(done, total, label)``: before each (kernel, shape, device) table and after the last."""
     from moetune.tuner.problems import resolve_kernels
     from moetune.tuner.store import read_frame
 
@@ -373,7 +374,9 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKA
         problems += checker.messages()
     result = ExportResult(problems=problems)
     by_arch: dict[tuple, list[dict]] = defaultdict(list)
-    for (kernel, arch, _, dev), rows in sorted(groups.items()):
+    for i, ((kernel, arch, _, dev), rows) in enumerate(sorted(groups.items())):
+        if on_progress is not None:
+            on_progress(i, len(groups), f"{kernel} {tables.shape_stem(rows[0]['shape'])} on {dev}")
         spec = rows[0]["spec"]
         doc = _device_table(spec, dev, arch, rows[0]["shape"], rows)
         if not doc["entries"]:
@@ -386,6 +389,8 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKA
         doc = _arch_table(docs, arch_device)
         if doc is not None:
             _write(tables.table_path(out, arch, kernel, doc["shape"]), doc, result)
+    if on_progress is not None:
+        on_progress(len(groups), len(groups), "")
     picker.clear_cache()  # this process's picker must not answer from the tables it read before
     return result
 

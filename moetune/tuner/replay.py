@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -232,11 +232,13 @@ def _spec_or_none(kernel: str):
 
 
 def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Sequence[str], seeds: int,
-           batch: int = 1, noise: float = 1.0, heuristic: bool = True) -> pd.DataFrame:
+           batch: int = 1, noise: float = 1.0, heuristic: bool = True,
+           on_progress: Callable[[int, int, str], None] | None = None) -> pd.DataFrame:
     """One row per (strategy, budget, point, seed). Points of one op and shape run in density order,
     each getting the winners found at the earlier ones (nearest density first) as hints, after the
     spec's heuristic (``heuristic=False`` leaves it out: a heuristic derived from the data would hand
-    the strategies the answer)."""
+    the strategies the answer). ``on_progress(done, total, label)``: before each point's run and after
+    the last."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if batch < 1:
@@ -249,6 +251,7 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
     groups: dict[tuple, list[RefPoint]] = {}
     for p in points:
         groups.setdefault((p.kernel, p.device_name, canonical_json(p.shape), p.routing), []).append(p)
+    total = len(strategies) * len(budgets) * seeds * len(points)
     for strategy in strategies:
         for budget in budgets:
             for seed in range(seeds):
@@ -261,6 +264,8 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                               p.routing)
                         first = _heuristic(p) if heuristic else []
                         hints = first + _siblings(p, won.get(at, [])) + near
+                        if on_progress is not None:
+                            on_progress(len(rows), total, f"{strategy} {budget} seed {seed}: {p.label}")
                         r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise)
                         if r["winner"] is not None:
                             found.append((p.density, json.loads(r["winner"])))
@@ -268,6 +273,8 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                         rows.append({"strategy": strategy, "budget": budget, "batch": batch, "seed": seed,
                                      "point": p.label, "kernel": p.kernel, "density": p.density,
                                      "exhaustive": len(p.configs), "best_ms": p.best_ms, **r})
+    if on_progress is not None:
+        on_progress(len(rows), total, "")
     return pd.DataFrame(rows)
 
 
