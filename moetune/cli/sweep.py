@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from moetune.cli import app
-from moetune.cli._common import DEFAULT_DB, console, fail, kernel_list, split_list, user_errors
+from moetune.cli._common import DEFAULT_DB, console, err_console, fail, kernel_list, split_list, user_errors
 from moetune.cli.display import Display, summary_table
 
 
@@ -104,7 +105,7 @@ def sweep(
     from moetune.device import device_info
     from moetune.tuner.factory import make_runner
     from moetune.tuner.problems import build_plan
-    from moetune.tuner.store import Store
+    from moetune.tuner.store import Store, StoreWriteError
     from moetune.tuner.strategies import DEFAULT_STRATEGY, get_strategy
     from moetune.tuner.sweep import check_retry, load_starts, plan_points
 
@@ -160,6 +161,7 @@ def sweep(
 
     sw.on_event = on_event
     interrupted = False
+    store_error = None
     try:
         if display:
             display.__enter__()
@@ -171,6 +173,8 @@ def sweep(
                 sw.cross()
         except KeyboardInterrupt:
             interrupted = True
+        except StoreWriteError as e:  # a full disk: what was committed before it is kept
+            store_error = str(e)
         except RuntimeError as e:  # a worker that cannot start at all (broken install, no GPU memory)
             fail(str(e))
         finally:
@@ -190,3 +194,11 @@ def sweep(
     if interrupted:
         console.print("[yellow]interrupted:[/] everything measured so far is kept; rerun to resume")
         raise typer.Exit(130)
+    failed = [pt.failure for pt in points if pt.failure]
+    for failure in failed:
+        err_console.print(f"[bold red]point stopped:[/] {escape(failure)}; nothing stored against its "
+                          "configs, rerun once the spec is fixed", highlight=False, soft_wrap=True)
+    if store_error:
+        fail(f"{store_error}; the measurements written before it are kept", 1)
+    if failed:
+        raise typer.Exit(1)
