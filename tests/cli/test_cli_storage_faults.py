@@ -29,9 +29,9 @@ def test_a_full_disk_mid_sweep_keeps_what_was_written_and_says_so(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "COLUMNS": "200"}
-    res = subprocess.run([sys.executable, "-c", CLI, str(TESTS), "sweep", "-k", "test.steady", "-m", "tiny",
-                          "--tokens", "1,2,4,8,16,32", "--strategy", "exhaustive", "--db", str(db), "--quiet"],
-                         env=env, preexec_fn=small_files, capture_output=True, text=True, timeout=300)
+    cmd = [sys.executable, "-c", CLI, str(TESTS), "sweep", "-k", "test.steady", "-m", "tiny",
+           "--tokens", "1,2,4,8,16,32", "--strategy", "exhaustive", "--db", str(db), "--quiet"]
+    res = subprocess.run(cmd, env=env, preexec_fn=small_files, capture_output=True, text=True, timeout=300)
     out = res.stdout + res.stderr
     assert res.returncode == 1 and "Traceback" not in out, out
     errors = [ln for ln in res.stderr.splitlines() if ln.strip()]
