@@ -389,8 +389,11 @@ def read_frame(path: str | Path, option: str = "--data"):
                     shutil.copyfileobj(src, dst)
             except (OSError, EOFError) as e:
                 raise ValueError(f"{option}: cannot read {path} as a gzipped store: {e}") from e
-            with Store(plain, readonly=True) as store:
-                return store.frame()
+            try:
+                with Store(plain, readonly=True) as store:
+                    return store.frame()
+            except ValueError as e:  # name the user's file, not the decompressed copy
+                raise ValueError(str(e).replace(str(plain), str(path))) from e
     if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
         return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
     if name.endswith(".parquet"):

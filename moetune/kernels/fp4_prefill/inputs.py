@@ -20,9 +20,13 @@ def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], dim: int) -> tor
 
 
 def check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                 topk_ids) -> tuple[int, int, int, int]:
+                 topk_ids, swiglu_limit: Any = None) -> tuple[int, int, int, int]:
     """ValueError naming the argument; returns (experts, intermediate, and the two GEMMs' K: the hidden and
-    intermediate sizes, or what the weights were zero-padded to along K)."""
+    intermediate sizes, or what the weights were zero-padded to along K). ``swiglu_limit``: None or a
+    positive finite clamp, as the FP8 path takes it."""
+    if swiglu_limit is not None and not (isinstance(swiglu_limit, (int, float))
+                                         and 0 < swiglu_limit < float("inf")):  # NaN fails both
+        raise ValueError(f"swiglu_limit must be None or a positive finite number, got {swiglu_limit!r}")
     _tensor("x", x, _FLOATS, 2)
     for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale),
                     ("w2_packed", w2_packed), ("w2_scale", w2_scale)):

@@ -115,7 +115,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
         validate: also check id ranges and scale codes (syncs with the host).
     """
     experts, inter, k1, k2 = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                          topk_ids)
+                                          topk_ids, swiglu_limit)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k

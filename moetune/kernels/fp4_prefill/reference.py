@@ -22,7 +22,7 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
     """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
     ``config`` is ignored."""
     experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                        topk_ids)
+                                        topk_ids, swiglu_limit)
     m, h = x.shape
     out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
     if m == 0:
