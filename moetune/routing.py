@@ -31,19 +31,18 @@ def load_trace(path: str | Path, num_experts: int, top_k: int) -> torch.Tensor:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"trace file {path} does not exist")
+    if path.suffix not in (".npy", ".pt"):
+        raise ValueError(f"trace file {path} must be .npy or .pt")
     try:
         if path.suffix == ".npy":
             import numpy as np
 
             ids = torch.from_numpy(np.load(path, allow_pickle=False))
-        elif path.suffix == ".pt":
-            ids = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise ValueError(f"trace file {path} must be .npy or .pt")
-    except ValueError:
-        raise
-    except Exception as e:  # unreadable file: say which
-        raise ValueError(f"cannot read trace file {path}: {e}") from e
+            ids = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # unreadable file (numpy's refusals are ValueErrors too): say which
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot read trace file {path}: {first}") from e
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] != top_k or ids.shape[0] == 0:
         got = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"trace file {path}: expected [tokens, {top_k}] expert ids, got {got}")

@@ -115,3 +115,31 @@ class WideSteadySpec(SteadySpec):
 
 
 STEADY_WIDE = register(WideSteadySpec())
+
+
+class BrokenReferenceSpec(SteadySpec):
+    """Good configs, but the spec's own ``FAULTY_STAGE`` (reference, make_inputs or make_weights) raises
+    ValueError while that variable is set: the point's failure, never the configs'."""
+
+    name = "test.bad_reference"
+    description = "test-only op whose reference or input maker may raise"
+
+    @staticmethod
+    def _maybe_fail(stage: str) -> None:
+        if os.environ.get("FAULTY_STAGE") == stage:
+            raise ValueError(f"{stage} broke")
+
+    def make_weights(self, problem: Problem, device: str, seed: int) -> Any:
+        self._maybe_fail("make_weights")
+        return None
+
+    def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
+        self._maybe_fail("make_inputs")
+        return super().make_inputs(problem, device, seed)
+
+    def reference(self, inputs: Inputs):
+        self._maybe_fail("reference")
+        return super().reference(inputs)
+
+
+BAD_REFERENCE = register(BrokenReferenceSpec())

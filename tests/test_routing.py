@@ -45,3 +45,17 @@ def test_the_expectation():
     assert expected_distinct(1, 8, 256) == pytest.approx(8)
     assert expected_distinct(64, 8, 256) == pytest.approx(256 * (1 - (1 - 8 / 256) ** 64))
     assert expected_distinct(10 ** 6, 6, 256) == pytest.approx(256)
+
+
+def test_trace_errors_name_the_users_file(tmp_path):
+    import numpy as np
+
+    pickled = tmp_path / "pickled.npy"
+    np.save(pickled, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a tensor file")
+    for path in (pickled, garbage):
+        with pytest.raises(ValueError) as err:
+            routing.load_trace(path, 8, 2)
+        text = str(err.value)
+        assert text.startswith(f"cannot read trace file {path}: ") and "\n" not in text, text

@@ -120,3 +120,10 @@ def test_without_a_device_of_the_arch_the_re_run_is_skipped_with_a_warning(tmp_p
     _, found = verify([tmp_path], schema_only=False)  # this machine is the interpreter, the table sm_90
     assert [(f.field, f.level) for f in found] == [("(re-run)", "warning")]
 
+
+
+def test_an_entry_recorded_over_the_tolerance_is_an_error(tmp_path):
+    path = put(tmp_path, table([entry(0.5, cfg(16)), entry(8.0, cfg(64), error=0.5)]))
+    _, found = check_file(path)
+    assert [f for f, _ in errors(found)] == ["entries[1].error"]
+    assert "tolerance" in errors(found)[0][1]

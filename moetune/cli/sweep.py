@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from moetune.cli import app
-from moetune.cli._common import DEFAULT_DB, console, fail, kernel_list, split_list, user_errors
+from moetune.cli._common import DEFAULT_DB, console, err_console, fail, kernel_list, split_list, user_errors
 from moetune.cli.display import Display, summary_table
 
 
@@ -101,6 +102,7 @@ def sweep(
 ) -> None:
     """Measure candidate tile configs (default first) at every density; every result goes to --db."""
     from moetune.tuner.api import prepare
+    from moetune.tuner.store import StoreWriteError
 
     with user_errors():  # every check before the store is opened, so bad input leaves it untouched
         tuning = prepare(model=model, kernels=kernel_list(kernel), shape=shape,
@@ -129,6 +131,7 @@ def sweep(
     display = None if quiet else Display(interpreter, tuning.runner)
     tuning.on_event = display.on_event if display else None
     interrupted = False
+    store_error = None
     try:
         if display:
             display.__enter__()
@@ -136,6 +139,8 @@ def sweep(
             tuning.run()
         except KeyboardInterrupt:
             interrupted = True
+        except StoreWriteError as e:  # a full disk: what was committed before it is kept
+            store_error = str(e)
         except RuntimeError as e:  # a worker that cannot start at all (broken install, no GPU memory)
             fail(str(e))
         finally:
@@ -154,3 +159,11 @@ def sweep(
     if interrupted:
         console.print("[yellow]interrupted:[/] everything measured so far is kept; rerun to resume")
         raise typer.Exit(130)
+    failed = [pt.failure for pt in points if pt.failure]
+    for failure in failed:
+        err_console.print(f"[bold red]point stopped:[/] {escape(failure)}; nothing stored against its "
+                          "configs, rerun once the spec is fixed", highlight=False, soft_wrap=True)
+    if store_error:
+        fail(f"{store_error}; the measurements written before it are kept", 1)
+    if failed:
+        raise typer.Exit(1)

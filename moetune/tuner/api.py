@@ -70,6 +70,11 @@ class SweepResult:
     def written(self) -> int:
         return sum(sum(pt.counts.values()) for pt in self.points)
 
+    @property
+    def failures(self) -> list[str]:
+        """Points stopped because the spec's own reference or input maker failed (nothing stored there)."""
+        return [pt.failure for pt in self.points if pt.failure]
+
 
 def _best(pt: Point) -> BestConfig:
     p = pt.problem

@@ -132,6 +132,13 @@ class _Rows:
                 return self.bad(rid, col, f"an ok row needs a positive finite {col}, got {row[col]!r}")
         if not _finite(row["error"]) or row["error"] < 0:
             return self.bad(rid, "error", f"must be finite and >= 0, got {row['error']!r}")
+        if not spec.passes(row["error"]):  # the status is only what the row says (stores can be edited)
+            limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
+            return self.bad(rid, "error", f"an ok row's error must be within the kernel's {limit}, "
+                                          f"got {row['error']!r}")
+        min_ms = _opt(row["min_ms"])
+        if min_ms is not None and (not _finite(min_ms) or min_ms <= 0):
+            return self.bad(rid, "min_ms", f"must be positive and finite, got {min_ms!r}")
         af = row["active_fraction"]
         if not _finite(af) or not 0 < af <= 1:
             return self.bad(rid, "active_fraction", f"must be in (0, 1], got {af!r}")

@@ -32,6 +32,7 @@ from moetune.tuner.store import Store
 from moetune.tuner.strategies import Observation, SearchContext, get_strategy
 from moetune.tuner.strategies.adaptive import AdaptiveStrategy
 from moetune.tuner.sweep import REMEASURE, Point, Sweep
+from moetune.tuner.worker import POINT_FAILED
 
 
 def compile_order(spec: KernelSpec, configs: Sequence[Config], first: Sequence[Config] = ()) -> list[Config]:
@@ -128,11 +129,13 @@ class ParallelSweep(Sweep):
                 key_of = self._key(pt.problem)
                 # finalists are re-measured in full, whatever the best so far
                 best = pt.best.time_ms if pt.best and s.finals is None else None
+                # the strategy's proposals count against the budget that cooperating sweeps share
+                budget = self.budget if s.strategy is not None else None
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round
                         key = (s.index, canonical_json(config), REMEASURE, len(s.final_obs) + len(s.pending))
-                    elif not self.store.claim(key_of, config, ttl, self.retry):
-                        continue  # stored meanwhile, or another sweep on this store is measuring it
+                    elif not self.store.claim(key_of, config, ttl, self.retry, budget):
+                        continue  # stored meanwhile, measured elsewhere, or the point's budget is spent
                     else:
                         key = (s.index, canonical_json(config))
                     inflight[key] = (s, config)
@@ -209,8 +212,15 @@ class ParallelSweep(Sweep):
         t0 = time.monotonic()
         s.pending.discard(key)
         pt = s.point
-        row = self._row(pt, config, res)
         final = len(key) > 2 and key[2] == REMEASURE
+        if res.get("status") == POINT_FAILED or pt.failure:  # the spec failed here: nothing is stored
+            if not final:
+                self.store.release(self._key(pt.problem), config)
+            if pt.failure is None:
+                s.finished = True
+                self._fail_point(pt, res)
+            return
+        row = self._row(pt, config, res)
         if final:
             row["strategy"] = REMEASURE
         self.store.add(row)

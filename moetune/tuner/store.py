@@ -8,6 +8,7 @@ is refused with a ValueError and never written to.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gzip
 import json
@@ -18,7 +19,7 @@ import socket
 import sqlite3
 import tempfile
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,11 @@ _DDL = (
     "PRIMARY KEY (point, config))",
 )
 BUSY_TIMEOUT_S = 60.0
+
+
+class StoreWriteError(OSError):
+    """A write to the store failed (a full disk, a file-size limit, an I/O error); every row
+    committed before it is intact."""
 
 
 def now_iso() -> str:
@@ -156,6 +162,7 @@ class Store:
             try:
                 tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
                 meta = dict(conn.execute("SELECT key, value FROM meta")) if "meta" in tables else {}
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}
             finally:
                 conn.close()
         except sqlite3.Error as e:
@@ -167,6 +174,10 @@ class Store:
         if meta.get("version") != SCHEMA_VERSION:
             raise ValueError(f"{self.path} has moetune results schema version {meta.get('version')!r}; "
                              f"this moetune reads version {SCHEMA_VERSION}")
+        missing = [c for c in COLUMN_NAMES if c not in columns] if "measurements" in tables else []
+        if missing:
+            raise ValueError(f"{self.path} is a damaged moetune results database: its measurements table "
+                             f"has no column {', '.join(missing)}")
         return True
 
     def _init_schema(self) -> None:
@@ -218,8 +229,18 @@ class Store:
         values.setdefault("timestamp", now_iso())
         cols = list(values)
         sql = f"INSERT INTO measurements ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-        cur = self._conn.execute(sql, [values[c] for c in cols])  # autocommit: durable on return
+        with self._writing():
+            cur = self._conn.execute(sql, [values[c] for c in cols])  # autocommit: durable on return
         return int(cur.lastrowid)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write's failure (disk full, file too large, I/O error) as one :class:`StoreWriteError`
+        naming the store."""
+        try:
+            yield
+        except (sqlite3.OperationalError, OSError) as e:
+            raise StoreWriteError(f"cannot write to results database {self.path}: {e}") from e
 
     # ---- reading -----------------------------------------------------------------------------------
     def _where(self, filters: Mapping[str, Any]) -> tuple[str, list[Any]]:
@@ -257,15 +278,24 @@ class Store:
     def _point(key: Mapping[str, Any]) -> str:
         return canonical_json({k: _as_text(v) if k in _JSON_COLUMNS else v for k, v in key.items()})
 
-    def claim(self, point: Mapping[str, Any], config: Any, ttl: float, retry: Collection[str] = ()) -> bool:
+    def claim(self, point: Mapping[str, Any], config: Any, ttl: float, retry: Collection[str] = (),
+              budget: int | None = None) -> bool:
         """Reserve ``config`` at ``point`` (the :data:`POINT_COLUMNS` values) for ``ttl`` seconds.
 
         False when it is already stored (rows whose status is in ``retry`` aside), or claimed by
         another live sweep. A claim of a process that died (same host) or that expired is taken over.
+        ``budget``: also False when the configs stored at the point and those claimed there by live
+        sweeps already number ``budget``; counted in the claim's transaction, so cooperating sweeps
+        never measure more at a point between them.
         """
         if self.readonly:
             raise ValueError(f"results database {self.path} was opened read-only")
         pkey, ckey, host, now = self._point(point), _as_text(config), socket.gethostname(), time.time()
+        with self._writing():
+            return self._claim(point, pkey, ckey, host, now, ttl, retry, budget)
+
+    def _claim(self, point: Mapping[str, Any], pkey: str, ckey: str, host: str, now: float, ttl: float,
+               retry: Collection[str], budget: int | None) -> bool:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             where, params = self._where({**point, "config": ckey})
@@ -279,15 +309,38 @@ class Store:
             if held and (held[0], held[1]) != (host, os.getpid()) and held[2] > now \
                     and (held[0] != host or _alive(held[1])):
                 return False
+            if budget is not None and self._spent(point, pkey, ckey, retry, host, now) >= budget:
+                return False
             self._conn.execute("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?, ?)",
                                (pkey, ckey, host, os.getpid(), now + ttl))
             return True
+        except BaseException:
+            if self._conn.in_transaction:
+                self._conn.execute("ROLLBACK")
+            raise
         finally:
-            self._conn.execute("COMMIT")
+            if self._conn.in_transaction:
+                self._conn.execute("COMMIT")
+
+    def _spent(self, point: Mapping[str, Any], pkey: str, ckey: str, retry: Collection[str], host: str,
+               now: float) -> int:
+        """Distinct configs stored at the point (only rows in ``retry`` aside) plus live claims there of
+        configs not stored, ``ckey``'s own claim aside."""
+        where, params = self._where(dict(point))
+        if retry:
+            where += f" AND status NOT IN ({', '.join('?' * len(retry))})"
+            params += sorted(retry)
+        rows = self._conn.execute(f"SELECT DISTINCT config FROM measurements{where}", params)
+        stored = {r[0] for r in rows}
+        claimed = {c for c, h, pid, expires in self._conn.execute(
+            "SELECT config, host, pid, expires FROM claims WHERE point = ? AND config != ?", (pkey, ckey))
+            if expires > now and (h != host or _alive(pid))}
+        return len(stored | claimed)
 
     def release(self, point: Mapping[str, Any], config: Any) -> None:
-        self._conn.execute("DELETE FROM claims WHERE point = ? AND config = ?",
-                           (self._point(point), _as_text(config)))
+        with self._writing():
+            self._conn.execute("DELETE FROM claims WHERE point = ? AND config = ?",
+                               (self._point(point), _as_text(config)))
 
     def measured_configs(self, kernel: str, device_name: str, shape: Any, tokens: int, routes: int,
                          active_fraction: float, routing: str) -> set[str]:
@@ -336,8 +389,11 @@ def read_frame(path: str | Path, option: str = "--data"):
                     shutil.copyfileobj(src, dst)
             except (OSError, EOFError) as e:
                 raise ValueError(f"{option}: cannot read {path} as a gzipped store: {e}") from e
-            with Store(plain, readonly=True) as store:
-                return store.frame()
+            try:
+                with Store(plain, readonly=True) as store:
+                    return store.frame()
+            except ValueError as e:  # name the user's file, not the decompressed copy
+                raise ValueError(str(e).replace(str(plain), str(path))) from e
     if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
         return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
     if name.endswith(".parquet"):

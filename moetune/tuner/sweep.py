@@ -33,6 +33,7 @@ from moetune.tuner.backends.base import Backend, SequentialBackend
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import DEFAULT_STRATEGY, STRATEGIES, Observation, SearchContext, get_strategy
 from moetune.tuner.strategies.adaptive import AdaptiveStrategy
+from moetune.tuner.worker import POINT_FAILED
 
 # Candidates proposed (and compiled in parallel) at a time. Each batch waits for its slowest compile, so
 # a big search wants few, large ones; the adaptive strategies cap theirs at a quarter of their budget,
@@ -72,6 +73,7 @@ class Point:
     baseline: Observation | None = None  # the default's measurement
     keys: frozenset = frozenset()  # canonical JSON of every candidate (membership without re-encoding)
     candidate_keys: list[str] | None = None  # the same, in candidate order (strategies index by it)
+    failure: str | None = None  # the spec's reference or input maker failed here: the point stopped
 
     def note(self, obs: Observation) -> None:
         if obs.ok and (self.best is None or obs.time_ms < self.best.time_ms):
@@ -351,15 +353,24 @@ class Sweep:
                   if canonical_json(c) in me.keys]
         return list({canonical_json(c): c for c in starts + hints}.values())  # each once, where it first came
 
-    def _measure(self, pt: Point, configs: Sequence[Config],
-                 ahead: Sequence[Config] = ()) -> list[Observation]:
+    def _fail_point(self, pt: Point, res: dict[str, Any]) -> None:
+        """The spec itself failed at ``pt`` (its reference or input maker raised): stop the point,
+        store nothing against the config, so the next run measures it."""
+        p = pt.problem
+        pt.failure = f"{p.kernel} {p.describe()}: {res.get('reason') or 'the spec failed'}"
+        self.on_event("point_failed", point=pt, reason=pt.failure)
+
+    def _measure(self, pt: Point, configs: Sequence[Config], ahead: Sequence[Config] = (),
+                 budgeted: bool = False) -> list[Observation]:
         """Measure and store each config, skipping ones another sweep on the same store has
-        measured or is measuring (claims expire, so a killed sweep's candidates come back)."""
+        measured or is measuring (claims expire, so a killed sweep's candidates come back) and, when
+        ``budgeted``, ones past the budget that cooperating sweeps have spent at the point together."""
         key = self._key(pt.problem)
         ttl = 3 * self.runner.timeout + 60
+        budget = self.budget if budgeted else None
 
         def admit(config: Config) -> bool:
-            return self.store.claim(key, config, ttl, self.retry)
+            return self.store.claim(key, config, ttl, self.retry, budget)
 
         out = []
         def best() -> float | None:
@@ -367,6 +378,10 @@ class Sweep:
 
         for config, res in self.runner.measure(pt.spec, pt.problem, configs, self.seed, admit, ahead, best):
             t0 = time.monotonic()
+            if res.get("status") == POINT_FAILED:
+                self.store.release(key, config)
+                self._fail_point(pt, res)
+                break
             row = self._row(pt, config, res)
             self.store.add(row)
             self.store.release(key, config)
@@ -405,7 +420,7 @@ class Sweep:
         firsts = self._firsts(pt)
         if firsts:
             self._measure(pt, firsts)
-        if self._out_of_time():
+        if self._out_of_time() or pt.failure:
             return
         strategy = get_strategy(self.strategy)
         strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
@@ -416,8 +431,8 @@ class Sweep:
         batch = strategy.propose(self.batch)
         while batch:
             ahead = strategy.propose(self.batch) if early else []
-            strategy.observe(self._measure(pt, batch, ahead))
-            if self._out_of_time():
+            strategy.observe(self._measure(pt, batch, ahead, budgeted=True))
+            if self._out_of_time() or pt.failure:
                 return
             batch = ahead if early else strategy.propose(self.batch)
         self._remeasure(pt, strategy)
@@ -436,6 +451,9 @@ class Sweep:
         for r in range(0, len(again), per_round):  # the runner measures a batch's distinct configs once
             for config, res in self.runner.measure(pt.spec, pt.problem, again[r:r + per_round],
                                                    self.seed + 1 + r // per_round):
+                if res.get("status") == POINT_FAILED:
+                    self._fail_point(pt, res)
+                    return
                 row = {**self._row(pt, config, res), "strategy": REMEASURE}
                 self.store.add(row)
                 o = Observation.from_row(row)

@@ -115,6 +115,10 @@ def check_file(path: str | os.PathLike) -> tuple[dict | None, list[Finding]]:
             why = str(e)
         if why:
             bad(f"entries[{i}].config", why)
+        err = entry.get("error")
+        if isinstance(err, (int, float)) and not spec.passes(err):  # recorded as measured, re-checked
+            limit = "bit-exact" if spec.exact else f"tolerance {spec.tolerance:g}"
+            bad(f"entries[{i}].error", f"{err:.3g} is over the kernel's {limit}: not an accurate config")
     return doc, found
 
 

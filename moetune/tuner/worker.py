@@ -40,6 +40,30 @@ def classify(exc: BaseException, on_gpu: bool) -> tuple[str, bool]:
     return "crash", on_gpu  # unknown failure: on a GPU, do not trust the context any more
 
 
+# Status of a task whose failure was the spec's own (its reference or input maker raised): the point's
+# fault, not the config's. Never stored; the sweep stops the point and says why.
+POINT_FAILED = "point_failed"
+
+
+class SpecFailure(Exception):
+    """The spec's reference or input maker raised (``stage`` names which): no candidate is to blame."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        super().__init__(f"{stage}: {describe(exc)}")
+        self.stage, self.exc = stage, exc
+
+
+def _spec_call(stage: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args)``, a failure of it raised as :class:`SpecFailure`, unless it is a CUDA error: those
+    may be an earlier candidate's doing (a corrupt context), and restart the worker as a crash."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - re-raised, classified
+        if type(e).__name__ == "AcceleratorError" or any(m in str(e) for m in _CUDA_MARKERS):
+            raise
+        raise SpecFailure(stage, e) from e
+
+
 def describe(exc: BaseException, limit: int = 400) -> str:
     """One line: the CUDA error line when there is one (torch puts hints after it), else the last
     line (Triton puts the source excerpt before its error)."""
@@ -98,7 +122,7 @@ class _Candidate:
 
         spec, problem = self.spec, self.problem
         clock = _Phases(self._sync)
-        expected = spec.reference(inputs)
+        expected = _spec_call("reference", spec.reference, inputs)
         clock.lap("reference")
         spec.poison(inputs)
         self._run(inputs)
@@ -195,7 +219,8 @@ class _WeightPool:
         if index not in self.sets:
             seed = zlib.crc32(f"weights|{key}|{index}".encode()) & 0x7FFFFFFF
             with _file_lock(lock_path):
-                self.sets[index] = cand.spec.make_weights(cand.problem, cand.where, seed)
+                self.sets[index] = _spec_call("make_weights", cand.spec.make_weights, cand.problem,
+                                              cand.where, seed)
                 _release_temporaries(cand)
         return self.sets[index]
 
@@ -217,9 +242,10 @@ def make_inputs(cand: _Candidate, seed: int, weight_set: int = 0, lock_path: str
     makes everything fresh, as before."""
     weights = (pool or _WEIGHTS).get(cand, weight_set, lock_path)
     if weights is None:
-        inputs = cand.spec.make_inputs(cand.problem, cand.where, seed)
+        inputs = _spec_call("make_inputs", cand.spec.make_inputs, cand.problem, cand.where, seed)
     else:
-        inputs = cand.spec.make_inputs(cand.problem, cand.where, seed, weights=weights)
+        inputs = _spec_call("make_inputs", cand.spec.make_inputs, cand.problem, cand.where, seed,
+                            weights=weights)
     if cand.task.get("timing", {}).get("kernel_only"):  # see TimingOptions.kernel_only
         inputs.extra["kernel_only"] = True
     return inputs
@@ -331,6 +357,10 @@ def handle(task: dict[str, Any], device: Any) -> dict[str, Any]:
         if "phases_ms" in result:  # disjoint phases: the fresh inputs split so a slow part shows
             result["phases_ms"].update(setup=(t_setup - t0) * 1e3, inputs_host=(t_made - t_setup) * 1e3,
                                        inputs_sync=(t_synced - t_made) * 1e3)
+    except SpecFailure as e:  # the point's fault: the sweep stores nothing against the config
+        traceback.print_exc()
+        result = {"status": POINT_FAILED, "reason": f"{e.stage} failed: {describe(e.exc)}",
+                  "restart": device.is_gpu, "stage": e.stage}
     except Exception as e:  # noqa: BLE001 - every failure is data here
         status, restart = classify(e, device.is_gpu)
         if stage != "run":

@@ -346,3 +346,19 @@ def test_broad_sweeps_on_two_cards_decide_by_the_config_robust_across_both(tmp_p
     fill(budgeted, one + [dict(r, strategy="model") for r in two])
     assert export(budgeted, tmp_path / "m").problems == []
     assert by_density(read(tmp_path / "m"))[1.0]["config"] == {**DEFAULT, **cfg(16)}
+
+
+def test_a_forged_ok_row_over_the_tolerance_is_dropped_by_name(tmp_path):
+    """The status is only what a row says: a store (or a CSV export of one) can be edited."""
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    ids = fill(db, [row(DEFAULT, 2.0), row(cfg(16), 1.0), row(cfg(32), 0.5, error=0.5),
+                    row(cfg(128), 0.5, min_ms=float("-inf"))])
+    csv = tmp_path / "r.csv"
+    with Store(db) as s:
+        s.frame().to_csv(csv, index=False)
+    for source, dest in ((db, out), (csv, tmp_path / "from_csv")):
+        result = export(source, dest)
+        text = "\n".join(result.problems)
+        assert f"row {ids[2]}: field error:" in text and "tolerance" in text, text
+        assert f"row {ids[3]}: field min_ms:" in text, text
+        assert by_density(read(dest))[1.0]["config"] == cfg(16)  # the forged faster rows never win

@@ -217,3 +217,19 @@ def test_a_gzipped_store_reads_as_the_store(tmp_path):
         read_frame(tmp_path / "bad.sqlite.gz", "--db")
     with pytest.raises(FileNotFoundError, match="--db"):
         read_frame(tmp_path / "none.sqlite.gz", "--db")
+
+
+def test_errors_of_a_gzipped_store_name_the_users_file(tmp_path):
+    import gzip
+    import sqlite3
+
+    from moetune.tuner.store import read_frame
+
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    packed = tmp_path / "theirs.sqlite.gz"
+    packed.write_bytes(gzip.compress(foreign.read_bytes()))
+    with pytest.raises(ValueError) as err:
+        read_frame(packed, "--db")
+    assert str(packed) in str(err.value) and "not a moetune results database" in str(err.value)

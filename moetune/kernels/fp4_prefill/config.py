@@ -62,6 +62,11 @@ SPACE: dict[str, tuple[Any, ...]] = {
 }
 
 
+# Largest tiles the check accepts: the space's largest (a tile past them cannot fit an SM's shared memory,
+# and an absurd one must fail here, not inside a launch); GROUP_SIZE_M only orders the programs.
+MAX_TILE = {"BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 256}
+
+
 def _pow2(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
 
@@ -80,6 +85,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps"):
         if not _pow2(cfg[key]):
             raise ValueError(f"config {key} must be a power of two, got {cfg[key]!r}")
+    for key, most in MAX_TILE.items():
+        if cfg[key] > most:
+            raise ValueError(f"config {key} must be at most {most}, got {cfg[key]}")
     if cfg["BLOCK_SIZE_M"] < 16 or cfg["BLOCK_SIZE_N"] < 16:
         raise ValueError(f"config BLOCK_SIZE_M and BLOCK_SIZE_N must be >= 16 (tl.dot), got "
                          f"{cfg['BLOCK_SIZE_M']} and {cfg['BLOCK_SIZE_N']}")
@@ -89,8 +97,8 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     if cfg["num_warps"] > 16:
         raise ValueError(f"config num_warps must be at most 16, got {cfg['num_warps']}")
     ns = cfg["num_stages"]
-    if not isinstance(ns, int) or isinstance(ns, bool) or ns < 1:
-        raise ValueError(f"config num_stages must be a positive int, got {ns!r}")
+    if not isinstance(ns, int) or isinstance(ns, bool) or not 1 <= ns <= 8:
+        raise ValueError(f"config num_stages must be an int in [1, 8], got {ns!r}")
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")

@@ -24,7 +24,8 @@ def _tensor(name: str, t: Any, dtypes: tuple[torch.dtype, ...], dim: int) -> tor
 def check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                  topk_ids) -> tuple[int, int, int, int]:
     """ValueError naming the argument; returns (experts, intermediate, and the two GEMMs' K: the hidden and
-    intermediate sizes, or what the weights were zero-padded to along K)."""
+    intermediate sizes, or what the weights were zero-padded to along K). The activation and its limit are
+    :func:`check_activation`'s."""
     _tensor("x", x, _FLOATS, 2)
     for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale),
                     ("w2_packed", w2_packed), ("w2_scale", w2_scale)):

@@ -159,9 +159,9 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     right after, so at decode the launches overlap instead of following each other. ``None`` (default):
     on for sm_90 and newer (docs/kernels/fp8_decode.md, PDL).
     """
-    pdl = resolve_pdl(pdl, x)
     m, h, e, inter, top_k = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                          activation, swiglu_limit)
+    pdl = resolve_pdl(pdl, x)
     dtype = _dtype_name(x.dtype)
     shapes = gemm_shapes(e, h, inter, top_k, dtype)
     cfg = resolve_config(config, shapes, m * top_k, fused)

@@ -43,6 +43,9 @@ def check_config(config: Mapping[str, Any]) -> Config:
             raise ValueError(f"gather_rows: config {key} must be a power-of-two int, got {value!r}")
     if full["num_warps"] > 32:
         raise ValueError(f"gather_rows: config num_warps must be <= 32, got {full['num_warps']}")
+    for key in ("BLOCK_SIZE_K", "ROWS_PER_PROGRAM"):  # an absurd tile fails here, not inside a launch
+        if full[key] > max(SPACE[key]):
+            raise ValueError(f"gather_rows: config {key} must be <= {max(SPACE[key])}, got {full[key]}")
     return full
 
 
