@@ -107,7 +107,8 @@ def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: to
 @_fp4_prefill_moe_op.register_fake
 def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation="silu",
       swiglu_limit=None, config="", validate=False):
-    from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
+    from moetune.kernels.activations import check_activation
+    from moetune.kernels.fp4_prefill.inputs import check_inputs
 
     check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
     check_activation(activation, swiglu_limit)

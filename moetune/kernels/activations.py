@@ -7,6 +7,8 @@ GEMM's output (gate rows first).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 ACTIVATIONS = ("silu", "gelu_tanh", "swiglu")
@@ -34,3 +36,13 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: str,
     if activation == "gelu_tanh":
         return torch.nn.functional.gelu(g, approximate="tanh") * u
     return g * torch.sigmoid(SWIGLU_ALPHA * g) * (u + 1.0)
+
+
+def check_activation(activation: Any, swiglu_limit: Any) -> None:
+    """ValueError for an activation not in :data:`ACTIVATIONS` or a limit that is not None or a positive
+    finite number; both kernel paths check their arguments here."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if swiglu_limit is not None and not (isinstance(swiglu_limit, (int, float))
+                                         and 0 < swiglu_limit < float("inf")):
+        raise ValueError(f"swiglu_limit must be None or a positive finite number, got {swiglu_limit!r}")

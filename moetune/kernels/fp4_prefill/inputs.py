@@ -6,8 +6,6 @@ from typing import Any
 
 import torch
 
-from moetune.kernels.activations import ACTIVATIONS
-
 _FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -25,7 +23,7 @@ def check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                  topk_ids) -> tuple[int, int, int, int]:
     """ValueError naming the argument; returns (experts, intermediate, and the two GEMMs' K: the hidden and
     intermediate sizes, or what the weights were zero-padded to along K). The activation and its limit are
-    :func:`check_activation`'s."""
+    :func:`moetune.kernels.activations.check_activation`'s."""
     _tensor("x", x, _FLOATS, 2)
     for name, t in (("w13_packed", w13_packed), ("w13_scale", w13_scale),
                     ("w2_packed", w2_packed), ("w2_scale", w2_scale)):
@@ -66,12 +64,3 @@ def check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
             raise ValueError(f"{name} is on {t.device}, x on {x.device}: all inputs must share a device")
     return e, inter, k1, k2
 
-
-def check_activation(activation: Any, swiglu_limit: Any) -> None:
-    """ValueError for an activation not in :data:`~moetune.kernels.activations.ACTIVATIONS` or a limit that
-    is not None or a positive finite number (the FP8 decode path's checks)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if swiglu_limit is not None and not (isinstance(swiglu_limit, (int, float))
-                                         and 0 < swiglu_limit < float("inf")):
-        raise ValueError(f"swiglu_limit must be None or a positive finite number, got {swiglu_limit!r}")

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from moetune.kernels.activations import check_activation
 from moetune.kernels.fp4_prefill import triton_gemm
 from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.kernels.fp4_prefill.align import Alignment, align_routes
 from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
-from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_inputs
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)

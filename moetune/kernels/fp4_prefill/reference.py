@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from moetune.kernels.activations import gated_activation
-from moetune.kernels.fp4_prefill.inputs import check_activation, check_inputs
+from moetune.kernels.activations import check_activation, gated_activation
+from moetune.kernels.fp4_prefill.inputs import check_inputs
 from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from moetune.quant.mxfp4 import dequantize_mxfp4
 

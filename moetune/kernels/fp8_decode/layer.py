@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import triton
 
-from moetune.kernels.activations import ACTIVATIONS
+from moetune.kernels.activations import check_activation
 from moetune.kernels.fp8_decode.align import align_routes
 from moetune.kernels.fp8_decode.config import GEMMS, SCALE_BLOCK, check_gemm_config, gemm_shapes
 from moetune.kernels.fp8_decode.epilogue import (
@@ -91,11 +91,7 @@ def check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activa
     if tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}, "
                          f"got {tuple(topk_weights.shape)}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if swiglu_limit is not None and not (isinstance(swiglu_limit, (int, float))
-                                         and 0 < swiglu_limit < float("inf")):
-        raise ValueError(f"swiglu_limit must be None or a positive finite number, got {swiglu_limit!r}")
+    check_activation(activation, swiglu_limit)
     return m, h, e, inter, topk_ids.shape[1]
 
 
