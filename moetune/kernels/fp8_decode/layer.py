@@ -231,11 +231,12 @@ def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, con
         fused_gate_up_act(x, w13, w13_scale, ids, act, config["gate_up"], activation, swiglu_limit, pdl=pdl)
     else:
         fp8_block_gemm(x, w13, w13_scale, ids, gu, config["gate_up"], a_row_div=top_k,
-                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl)
-        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl, split=split)
+                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl, fill_inactive=False)
+        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl, split=split,
+                              fill_inactive=False)
     if config["down"].get("FUSE"):
         return fused_down_sum(act, w2, w2_scale, ids, rw, buffers["out"], config["down"], pdl=pdl)
     fp8_block_gemm(act, w2, w2_scale, ids, buffers["down"], config["down"], topk_weights=rw,
                    aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]),
-                   a_split=split, pdl=pdl)
+                   a_split=split, pdl=pdl, fill_inactive=False)
     return sum_topk(buffers["down"], ids, buffers["out"], pdl=pdl)
