@@ -25,6 +25,10 @@ The kernels, by config (``_kernel``):
   with MMA_HALVES ``gluon_smem.fp4_wgmma_halves_kernel``; with DECODE_WARPS 4 or 8 the persistent,
   warp-specialized ``gluon_ws.fp4_wgmma_ws_kernel`` (A_RESIDENT over a program's run of tiles).
 
+Any N: where BLOCK_SIZE_N does not divide it, the last N tile is a tail (constexpr ``EVEN_N`` False; its
+weight rows past N read row N - 1, its columns past N are not stored: ``gluon_common.tile_rows``,
+``store_mask``). K must be a multiple of 256 (``moetune.quant.pad_mxfp4_k`` pads weights once at load).
+
 What each switch is worth: docs/kernels/fp4_prefill.md, under the switch's name. GPU only: Gluon has no
 interpreter; ``compile_for_sm90`` compiles a config's kernel offline for the CPU suite.
 """

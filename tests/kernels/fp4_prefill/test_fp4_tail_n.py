@@ -67,8 +67,9 @@ print(json.dumps(out))
 
 def test_tail_tiles_compile_for_sm90():
     """Offline compile (no GPU, no TRITON_INTERPRET) of each kernel at N 4096 (whole tiles) and 4064 (a tail
-    at every tile width, A_RESIDENT's runs of 4 N tiles kept): both issue the wgmma async; the tail path differs (its clamps and column
-    masks), allocates the same shared memory and still copies the packed weights as whole 16-byte words."""
+    at every tile width, A_RESIDENT's runs of 4 N tiles kept): both issue the wgmma async; the tail path
+    differs (its clamps and column masks), allocates the same shared memory and still copies the packed
+    weights as whole 16-byte words."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(CONFIGS)], capture_output=True,
                          text=True, env=env, timeout=900)
