@@ -28,6 +28,7 @@ from moetune.kernels.fp4_prefill.config import (
     _tile_bounds,
     gemm_shapes,
     normalize_config,
+    padded_k,
 )
 from moetune.models import ModelPreset
 from moetune.problem import Config, Problem, canonical_json
@@ -80,8 +81,13 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         return self.space[key]
 
     def shape_from_model(self, model: ModelPreset, tp: int = 1, ep: int = 1) -> dict[str, Any]:
+        """The GEMM's shape with K padded to a multiple of 256 (``padded_k``): the width the weights take
+        once ``moetune.quant.pad_mxfp4_k`` pads them at load, so that the Gluon kernels run them, and the
+        shape ``fp4_prefill_moe`` then asks the picker for (gpt-oss-120b: K 2880 -> 3072). Weights loaded
+        unpadded ask for their own K, which a table of that shape serves."""
         experts, inter = model.per_rank(tp, ep)
-        return gemm_shapes(experts, model.hidden, inter, model.top_k)[self.gemm]
+        return gemm_shapes(experts, model.hidden, inter, model.top_k, gate_up_k=padded_k(model.hidden),
+                           down_k=padded_k(inter))[self.gemm]
 
     def binary_key(self, config: Config) -> str:
         """GROUP_SIZE_M is a run-time argument of the GEMM kernel: every value of a tile runs one binary."""

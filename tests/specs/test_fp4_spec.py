@@ -91,6 +91,72 @@ def test_hopper_heuristic_runs_gluon_where_the_shape_lets_it():
                 spec.check_config(p)
 
 
+class _Picked(Exception):
+    """Raised by the stand-in picker once both GEMMs have asked."""
+
+
+def test_gpt_oss_shapes_are_the_ones_the_padded_layer_asks_for(monkeypatch):
+    """gpt-oss-120b (hidden and intermediate 2880): the spec plans each GEMM at K padded to a multiple of 256
+    (TP1 3072 / 3072, TP2 3072 / 1536), the shape fp4_prefill_moe asks the picker for once the weights are
+    zero-padded at load (pad_mxfp4_k), so a sweep of the model makes the tables the padded layer finds.
+    Shapes whose K already is a multiple of 256 (DeepSeek-V4-Flash) are unchanged."""
+    import torch
+
+    import moetune.tables.picker as picker
+    from moetune.kernels.fp4_prefill.config import padded_k
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+
+    assert [padded_k(k) for k in (2880, 1440, 720, 1024, 4096, 256)] == [3072, 1536, 768, 1024, 4096, 256]
+    m = get_model("gpt-oss-120b")
+    for tp, inter in ((1, 2880), (2, 1440)):
+        asked: dict = {}
+
+        def pick(kernel, shape, routes, asked=asked, **_):
+            asked[kernel] = dict(shape)
+            if len(asked) == 2:
+                raise _Picked
+            return {}
+
+        monkeypatch.setattr(picker, "pick_config", pick)
+        k1, k2 = padded_k(m.hidden), padded_k(inter)
+
+        def bank(n, k):  # packed codes and scales, zero-padded along K to k
+            return (torch.empty(m.experts, n, k // 2, device="meta", dtype=torch.uint8),
+                    torch.empty(m.experts, n, k // 32, device="meta", dtype=torch.uint8))
+
+        args = (torch.empty(8, m.hidden, device="meta", dtype=torch.bfloat16), *bank(2 * inter, k1),
+                *bank(m.hidden, k2), torch.empty(8, m.top_k, device="meta"),
+                torch.empty(8, m.top_k, device="meta", dtype=torch.int32))
+        with pytest.raises(_Picked):
+            fp4_prefill_moe(*args, activation="swiglu", swiglu_limit=7.0)
+        planned = {op: get_spec(op).shape_from_model(m, tp=tp) for op in OPS}
+        assert asked == planned, tp
+        assert planned[OPS[0]]["K"] == 3072 and planned[OPS[1]]["K"] == k2 and planned[OPS[1]]["N"] == 2880
+    v4 = get_model("deepseek-v4-flash")
+    assert [get_spec(op).shape_from_model(v4, tp=1)["K"] for op in OPS] == [v4.hidden, v4.intermediate]
+
+
+def test_hopper_heuristic_runs_gluon_with_a_tail_n_tile():
+    """gpt-oss-120b's padded shapes on sm_90: N 2880 (down; gate/up at TP2) is 22.5 of the 128-row tiles, so
+    the SWAP_AB 0 bands run a tail tile; every band names its Gluon tile, as on V4-Flash, and the
+    constraint accepts it; down's resident tile only where its activations fit (K 768 at TP4)."""
+    m = get_model("gpt-oss-120b")
+    densities = (6, 12, 24, 48, 96, 192, 384)
+    for op in OPS:
+        spec = get_spec(op)
+        for tp in (1, 2, 4):
+            shape = spec.shape_from_model(m, tp=tp)
+            picks = [spec.heuristic(shape, 128 * d, "sm_90") for d in densities]
+            assert all(p["IMPL"] == "gluon" for p in picks), (op, tp)
+            assert [p["BLOCK_SIZE_N"] for p in picks] == [64, 64, 64, 128, 128, 128, 128]
+            assert all(p["DECODE_WARPS"] == 4 for p in picks[4:])
+            resident = op.endswith("down") and tp == 4
+            assert [p["A_RESIDENT"] for p in picks[4:]] == [int(resident)] * 3, (op, tp)
+            for d, p in zip(densities, picks, strict=True):
+                prob = spec.problem(shape, tokens=128 * d // 4)
+                assert spec.constraint(p, prob, H200) is None, (op, tp, d, p)
+
+
 def test_hopper_heuristic_follows_the_h200_winners():
     """sm_90 shapes Gluon cannot run (K not a multiple of 256): the M tile grows with rows per expert; fp8
     decode swapped, by lut, up to 32 rows; lut with SCALE_AHEAD and 8 warps at 96 rows; halves, or asm16 for

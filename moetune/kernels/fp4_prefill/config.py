@@ -251,14 +251,24 @@ _HOPPER: dict[str, tuple[tuple[float, dict], ...]] = {
 }
 
 
+# The K the Gluon kernels step through (two 128-K chunks a loop trip): a model's K pads up to a multiple
+GLUON_K = 256
+
+
+def padded_k(k: int) -> int:
+    """``k`` rounded up to a multiple of 256: the K ``moetune.quant.pad_mxfp4_k`` pads a weight bank to at
+    load, so that the Gluon kernels run it, and the K a model's tables are planned and looked up at."""
+    return -(-k // GLUON_K) * GLUON_K
+
+
 def _gluon_constraint(cfg: Mapping[str, Any], shape: Mapping[str, Any], device: DeviceInfo) -> str | None:
-    """What IMPL "gluon" needs beyond the config check: sm_90, whole 256-K trips, whole N tiles, and 16 rows
+    """What IMPL "gluon" needs beyond the config check: sm_90, whole 256-K trips (``padded_k``), and 16 rows
     of the wgmma's M side a warp: of the N tile with SWAP_AB, else of the M tile (here, so that the config
-    check stays tile-independent)."""
+    check stays tile-independent). Any N: the last N tile may be a masked tail."""
     if device.arch != "sm_90":
         return f"IMPL gluon is written for sm_90 (wgmma), not {device.arch}"
-    if shape["K"] % 256 or shape["N"] % cfg["BLOCK_SIZE_N"]:
-        return f"IMPL gluon needs K % 256 == 0 and N % BLOCK_SIZE_N == 0, got K {shape['K']}, N {shape['N']}"
+    if shape["K"] % GLUON_K:
+        return f"IMPL gluon needs K % 256 == 0 (weights zero-padded along K at load), got K {shape['K']}"
     if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["num_stages"] < 2:
         return "IMPL gluon with SWAP_AB 0, SCALE_RING 0 needs num_stages >= 2 (one wait covers two chunks)"
     if not cfg["SWAP_AB"] and not cfg["SCALE_RING"] and cfg["BLOCK_SIZE_M"] > 128:
@@ -285,9 +295,10 @@ def _g(bm: int, bn: int, w: int, st: int, g: int, swap: int, **switches: int | s
 # sm_90 Gluon tiles per rows-per-expert band, each band's tried in order: the DeepSeek-V4-Flash TP=2 tables'
 # picks on the H200 (docs/kernels/fp4_prefill.md, sm_90 heuristic): the SWAP_AB 1 ring with RING_SPLIT up to
 # 33 rows, 64-row SWAP_AB 0 tiles up to 64, the warp-specialized 128-row tile above. Down above 64 rows takes
-# the resident tile with bf16 rows where its activations fit, else the same without residency. Left to the
-# sweep: variants faster on one K only (MAXNREG 96, faster at down's K 1024 and slower at gate/up's 4096; the
-# 16-row resident tile).
+# the resident tile with bf16 rows where its activations fit, else the same without residency. Any N runs
+# them (a tail tile where BLOCK_SIZE_N does not divide N: gpt-oss-120b's N 2880 at BN 128, 22.5 tiles, does
+# 2% more work than a whole-tile N). Left to the sweep: variants faster on one K only (MAXNREG 96, faster at
+# down's K 1024 and slower at gate/up's 4096; the 16-row resident tile).
 _HOPPER_GLUON: dict[str, tuple[tuple[float, tuple[dict, ...]], ...]] = {
     "gate_up": (
         (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
@@ -308,8 +319,8 @@ _SM90_SMEM = 227 * 1024
 
 
 def _hopper_gluon_pick(gemm: str, density: float, shape: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The band's first Gluon tile the shape lets run (K a multiple of 256, N of the N tile, resident
-    activations within shared memory), or None."""
+    """The band's first Gluon tile the shape lets run (K a multiple of 256, resident activations within
+    shared memory), or None."""
     sm90 = DeviceInfo("sm_90 (heuristic)", "sm_90", 0, _SM90_SMEM, 0, True)
     cfgs = next((cfgs for top, cfgs in _HOPPER_GLUON[gemm] if density <= top), ())
     return next((dict(c) for c in cfgs if _gluon_constraint(normalize_config(c, gemm), shape, sm90) is None),
@@ -337,7 +348,8 @@ def _fit(cfg: dict[str, Any], shape: Mapping[str, Any]) -> dict[str, Any]:
 def gemm_shapes(experts: int, hidden: int, inter: int, top_k: int, *, gate_up_k: int | None = None,
                 down_k: int | None = None) -> dict[str, dict[str, int]]:
     """Each GEMM's table shape for one rank: gate/up [2*inter, hidden], down [hidden, inter]. ``gate_up_k``
-    and ``down_k``: the K its weights were zero-padded to, if they were (``moetune.quant.pad_mxfp4_k``)."""
+    and ``down_k``: the K its weights were zero-padded to, if they were (``moetune.quant.pad_mxfp4_k``; a
+    model's tables are planned at ``padded_k``)."""
     return {"gate_up": {"E": experts, "N": 2 * inter, "K": hidden if gate_up_k is None else gate_up_k,
                         "top_k": top_k},
             "down": {"E": experts, "N": hidden, "K": inter if down_k is None else down_k, "top_k": top_k}}

@@ -62,9 +62,19 @@ else:
 
 
 @gluon.jit
-def tile_of(t, N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+def n_tiles(N, BN: gl.constexpr, EVEN_N: gl.constexpr):
+    """N tiles of BN: N / BN, or with a tail tile (EVEN_N False) one more."""
+    if EVEN_N:
+        tiles = N // BN
+    else:
+        tiles = (N + BN - 1) // BN
+    return tiles
+
+
+@gluon.jit
+def tile_of(t, N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr, EVEN_N: gl.constexpr):
     """Tile t's (M-block, N-tile): GROUP_SIZE_M M-blocks a group, N-tiles within it."""
-    num_pid_n = N // BN
+    num_pid_n = n_tiles(N, BN, EVEN_N)
     num_pid_in_group = GROUP_SIZE_M * num_pid_n
     first_pid_m = (t // num_pid_in_group) * GROUP_SIZE_M
     group_size_m = gl.minimum(num_blocks - first_pid_m, GROUP_SIZE_M)
@@ -74,28 +84,55 @@ def tile_of(t, N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
 
 
 @gluon.jit
-def tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr):
+def tile_ids(N, num_blocks, GROUP_SIZE_M, BN: gl.constexpr, EVEN_N: gl.constexpr):
     """This program's (M-block, N-tile)."""
-    return tile_of(gl.program_id(0), N, num_blocks, GROUP_SIZE_M, BN)
+    return tile_of(gl.program_id(0), N, num_blocks, GROUP_SIZE_M, BN, EVEN_N)
 
 
 @gluon.jit
-def weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse, stride_wsn,
-                P_W: gl.constexpr, BN: gl.constexpr):
-    """The N tile's chunk-0 pointers: packed words [BN, 4(q), 4(b)] in P_W, group scales [BN, 4(q)]."""
+def tile_rows(pid_n, N, L: gl.constexpr, BN: gl.constexpr, EVEN_N: gl.constexpr):
+    """The N tile's weight rows in L. In a tail tile (EVEN_N False) rows past N read row N - 1 again: the
+    copies stay in bounds and unmasked, and the epilogue stores no column past N (``store_mask``)."""
+    n = pid_n * BN + gl.arange(0, BN, L)
+    if not EVEN_N:
+        n = gl.minimum(n, N - 1)
+    return n
+
+
+@gluon.jit
+def store_mask(n_c, N, row_ok, EVEN_N: gl.constexpr, N_FIRST: gl.constexpr = False):
+    """The epilogue's store mask: the rows of routes (``row_ok``), in a tail tile only columns < N. N_FIRST:
+    the tile is [N, M] (SWAP_AB 1), else [M, N]."""
+    if N_FIRST:
+        mask = row_ok[None, :]
+        if not EVEN_N:
+            mask = mask & (n_c < N)[:, None]
+    else:
+        mask = row_ok[:, None]
+        if not EVEN_N:
+            mask = mask & (n_c < N)[None, :]
+    return mask
+
+
+@gluon.jit
+def weight_rows(w_ptr, w_scale_ptr, expert, pid_n, N, stride_we, stride_wn, stride_wse, stride_wsn,
+                P_W: gl.constexpr, BN: gl.constexpr, EVEN_N: gl.constexpr):
+    """The N tile's chunk-0 pointers: packed words [BN, 4(q), 4(b)] in P_W, group scales [BN, 4(q)]
+    (``tile_rows``: a tail tile's rows past N repeat row N - 1)."""
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
-    n_w = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, gl.SliceLayout(2, P_W)))
+    n_w = tile_rows(pid_n, N, gl.SliceLayout(1, gl.SliceLayout(2, P_W)), BN, EVEN_N)
     q_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, P_W)))
     b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
     w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
               + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
-    return w_rows, _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2, BN)
+    return w_rows, _scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2, BN, EVEN_N)
 
 
 @gluon.jit
-def _scale_rows(w_scale_ptr, expert, pid_n, stride_wse, stride_wsn, S2: gl.constexpr, BN: gl.constexpr):
+def _scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2: gl.constexpr, BN: gl.constexpr,
+                EVEN_N: gl.constexpr):
     """The N tile's chunk-0 group scale pointers [BN, 4(q)] in S2."""
-    n_g = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(1, S2))
+    n_g = tile_rows(pid_n, N, gl.SliceLayout(1, S2), BN, EVEN_N)
     return (w_scale_ptr + expert * stride_wse + gl.expand_dims(n_g.to(gl.int64) * stride_wsn, 1)
             + gl.expand_dims(gl.arange(0, 4, gl.SliceLayout(0, S2)), 0))
 

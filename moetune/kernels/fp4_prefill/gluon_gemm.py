@@ -25,6 +25,10 @@ The kernels, by config (``_kernel``):
   with MMA_HALVES ``gluon_smem.fp4_wgmma_halves_kernel``; with DECODE_WARPS 4 or 8 the persistent,
   warp-specialized ``gluon_ws.fp4_wgmma_ws_kernel`` (A_RESIDENT over a program's run of tiles).
 
+Any N: where BLOCK_SIZE_N does not divide it, the last N tile is a tail (constexpr ``EVEN_N`` False; its
+weight rows past N read row N - 1, its columns past N are not stored: ``gluon_common.tile_rows``,
+``store_mask``). K must be a multiple of 256 (``moetune.quant.pad_mxfp4_k`` pads weights once at load).
+
 What each switch is worth: docs/kernels/fp4_prefill.md, under the switch's name. GPU only: Gluon has no
 interpreter; ``compile_for_sm90`` compiles a config's kernel offline for the CPU suite.
 """
@@ -62,10 +66,11 @@ def _maxnreg(config) -> dict:
 def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     """The kernel a config runs (SWAP_AB: weights as the wgmma's M side, in registers; else through shared
     memory; MMA_HALVES: that one with each chunk's product in two halves), its constexpr arguments and launch
-    options."""
+    options. EVEN_N: N a multiple of BLOCK_SIZE_N; else the last N tile is a masked tail, and only that
+    specialization pays for the clamps and masks."""
     const = dict(A_DIV=a_div, GATHERED=gathered, BLOCK_SIZE_M=config["BLOCK_SIZE_M"],
                  BLOCK_SIZE_N=config["BLOCK_SIZE_N"], RING=config["num_stages"] + 1,
-                 num_warps=config["num_warps"])
+                 num_warps=config["num_warps"], EVEN_N=n % config["BLOCK_SIZE_N"] == 0)
     if config.get("MMA_HALVES", 0):
         return fp4_wgmma_halves_kernel, const, {}
     if config.get("DECODE_WARPS", 0):  # more warps that decode; the register file split over all of them
@@ -86,21 +91,28 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
     return fp4_wgmma_kernel, const, _maxnreg(config)
 
 
-# N tiles a SWAP_AB 1 program takes with A_RESIDENT (fewer where N / BLOCK_SIZE_N does not divide)
+# N tiles a SWAP_AB 1 program takes with A_RESIDENT (fewer where the N tiles, a tail tile counted, do not
+# divide by it)
 RESIDENT_N_TILES = 4
+
+
+def n_tiles(n: int, bn: int) -> int:
+    """N tiles of ``bn`` over ``n``, the last one a tail where ``bn`` does not divide ``n``."""
+    return -(-n // bn)
 
 
 def resident_n_tiles(n: int, bn: int) -> int:
     tiles = RESIDENT_N_TILES
-    while (n // bn) % tiles:
+    while n_tiles(n, bn) % tiles:
         tiles //= 2
     return tiles
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024, n: int = 4096,
                      out_dtype: str = "fp32", maxnreg: int | None = None):
-    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K and N,
-    which only A_RESIDENT specializes on, and the per-route output's dtype, "fp32" or "bf16"), for resource
+    """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K, which
+    only A_RESIDENT specializes on, N, whose tail tile EVEN_N says, and the per-route output's dtype, "fp32"
+    or "bf16"), for resource
     reports and the CPU suite's check of the installed Triton; ``maxnreg`` instead of the launcher's register
     cap. Not under TRITON_INTERPRET."""
     import inspect
@@ -132,11 +144,10 @@ def _sm_count(device: torch.device) -> int:
 
 def check_problem(k: int, w: torch.Tensor, config) -> None:
     """ValueError, before anything is launched, for what this kernel cannot run: no CUDA GPU, SWAP_AB 0
-    SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256 or N of BLOCK_SIZE_N, packed
-    weights not readable as aligned 16-byte words."""
+    SCALE_RING 0 with one stage or a 256-row M tile, K not a multiple of 256, packed weights not readable as
+    aligned 16-byte words. Any N runs: the last N tile may be a tail."""
     if interpreter_active() or not w.is_cuda:
         raise ValueError("config IMPL 'gluon' runs on an sm_90 CUDA GPU only (Gluon has no interpreter)")
-    bn, n = config["BLOCK_SIZE_N"], w.shape[1]
     if config.get("MMA_HALVES", 0) and (config["num_stages"] < 3 or config["BLOCK_SIZE_N"] < 32):
         raise ValueError(f"config IMPL 'gluon' with MMA_HALVES needs num_stages >= 3 and BLOCK_SIZE_N >= 32, "
                          f"got {config['num_stages']} and {config['BLOCK_SIZE_N']}")
@@ -158,9 +169,9 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
             raise ValueError(f"config A_RESIDENT holds K / 128 = {k // 128} activation chunks: needs at "
                              f"least num_stages + 1 = {config['num_stages'] + 1} and ~{smem} bytes of shared "
                              f"memory within the device's {limit}")
-    if k % 256 or n % bn:
-        raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 and N of BLOCK_SIZE_N {bn}, "
-                         f"got K {k}, N {n}")
+    if k % 256:
+        raise ValueError(f"config IMPL 'gluon' needs K a multiple of 256 (moetune.quant.pad_mxfp4_k pads the "
+                         f"weights once at load), got K {k}")
     if w.stride(2) != 1 or any(s % 4 for s in w.stride()[:2]) or w.data_ptr() % 16:
         raise ValueError(f"config IMPL 'gluon' reads the packed weights as 16-byte words: unit stride along "
                          f"K, strides a multiple of 4 and a 16-byte aligned base, got strides {w.stride()}")
@@ -182,7 +193,7 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
                          f"{a_k_order!r} with strides {a.stride()}")
     words = w.view(torch.int32)
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
-    grid = align.max_blocks * (n // (bn * const.get("N_TILES", 1)))
+    grid = align.max_blocks * n_tiles(n, bn * const.get("N_TILES", 1))
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
     kernel[(grid,)](

@@ -39,6 +39,7 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     decode_words,
     fill_ring,
     row_max_scale,
+    store_mask,
     tile_ids,
     weight_rows,
     x_copy,
@@ -210,14 +211,15 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
                      X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr,
-                     RING_SPLIT: gl.constexpr = False):
-    """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. N % (BLOCK_SIZE_N * N_TILES) == 0,
-    K % 256 == 0. A program takes N_TILES consecutive N tiles of its M-block; with ``A_RESIDENT`` their
+                     RING_SPLIT: gl.constexpr = False, EVEN_N: gl.constexpr = True):
+    """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. K % 256 == 0; N any, its last N tile a
+    tail (``gluon_common.tile_rows``, ``store_mask``) unless EVEN_N (N % BLOCK_SIZE_N == 0). A program takes
+    N_TILES consecutive N tiles of its M-block (N_TILES divides the N tiles); with ``A_RESIDENT`` their
     activations (X_SLOTS = K / 128 chunks) are copied once, with the first tile's, and stay in shared
     memory for the others."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_g = tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES)
+    pid_m, pid_g = tile_ids(N, num_blocks, GROUP_SIZE_M, BN * N_TILES, EVEN_N)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -276,8 +278,8 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
     for j in range(N_TILES):
         pid_n = pid_g * N_TILES + j
         fresh = j == 0
-        w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                      stride_wsn, P_W, BN)
+        w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, N, stride_we, stride_wn, stride_wse,
+                                      stride_wsn, P_W, BN, EVEN_N)
         if RING_SPLIT:
             async_load(w_ring.index(0), w_rows)  # chunk 0's weights, in commit group 0
             for i in gl.static_range(RING - 1):
@@ -321,4 +323,5 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
             route_c = route_m
         c_ptrs = c_ptr + route_c.to(gl.int64)[None, :] * stride_cm + n_c[:, None]
         out = acc * wf.to(gl.float32, bitcast=True)[:, None]
-        gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[None, :])
+        gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty),
+                 mask=store_mask(n_c, N, route_c < routes, EVEN_N, N_FIRST=True))

@@ -26,6 +26,7 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     decode_words,
     fill_ring,
     row_max_scale,
+    store_mask,
     store_words,
     tile_ids,
     weight_rows,
@@ -86,17 +87,19 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
                           num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
                           stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                           GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                          RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr):
+                          RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr,
+                          EVEN_N: gl.constexpr = True):
     """SWAP_AB 0: the activations are the wgmma's M side (BLOCK_SIZE_M / 64 warpgroups, both operands from
     shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
     registers that cap the SWAP_AB 1 kernel's M tile. Chunk k+1 is decoded while chunk k multiplies.
     SCALE_RING 1: the activation scales through the ring and a loop of four CTA barriers a chunk, fewer
     instructions; 0: two barriers a chunk. Which is faster depends on K / 128 (docs/kernels/fp4_prefill.md,
-    SCALE_RING). Needs num_stages >= 2 with SCALE_RING 0."""
+    SCALE_RING). Needs num_stages >= 2 with SCALE_RING 0. EVEN_N False: N is not a multiple of BLOCK_SIZE_N
+    and the last N tile is a tail (``gluon_common.tile_rows``, ``store_mask``)."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_n = tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
+    pid_m, pid_n = tile_ids(N, num_blocks, GROUP_SIZE_M, BN, EVEN_N)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -111,8 +114,8 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     W_WORDS: gl.constexpr = words_layout(W_SMEM)
 
-    w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                  stride_wsn, P_W, BN)
+    w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, N, stride_we, stride_wn, stride_wse,
+                                  stride_wsn, P_W, BN, EVEN_N)
 
     if SCALE_RING:  # the activation scales by cp.async, one per row of the M-block
         S_ROWS: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
@@ -183,7 +186,7 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     route_c = gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, gl.SliceLayout(1, MMA)))
     c_ptrs = c_ptr + route_c.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
     out = acc * wf.to(gl.float32, bitcast=True)[None, :]
-    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=(route_c < routes)[:, None])
+    gl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=store_mask(n_c, N, route_c < routes, EVEN_N))
 
 
 @gluon.jit
@@ -205,7 +208,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
                             num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
                             stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                             GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                            RING: gl.constexpr, num_warps: gl.constexpr):
+                            RING: gl.constexpr, num_warps: gl.constexpr, EVEN_N: gl.constexpr = True):
     """SWAP_AB 0, SCALE_RING 0, ``MMA_HALVES``: each chunk's wgmma in two N halves, and the next chunk's first
     half issued before this one's second half is rescaled, so the tensor cores have the next product queued
     while the accumulator takes the last one (``fp4_wgmma_smem_kernel`` waits for the whole product, then
@@ -214,7 +217,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     weights are decoded, so num_stages >= 3."""
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
-    pid_m, pid_n = tile_ids(N, num_blocks, GROUP_SIZE_M, BN)
+    pid_m, pid_n = tile_ids(N, num_blocks, GROUP_SIZE_M, BN, EVEN_N)
     if pid_m * BM >= gl.load(num_padded_ptr):
         return
     expert = gl.load(expert_ids_ptr + pid_m).to(gl.int64)
@@ -227,8 +230,8 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     X_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, CHUNK], gl.float8e4nv)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     W_WORDS: gl.constexpr = words_layout(W_SMEM)
-    w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, stride_we, stride_wn, stride_wse,
-                                  stride_wsn, P_W, BN)
+    w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert, pid_n, N, stride_we, stride_wn, stride_wse,
+                                  stride_wsn, P_W, BN, EVEN_N)
     x_rows, row_ok_x, xs_src, row_ok_s, route_s = _block_rows(
         pid_m, sorted_ids_ptr, a_ptr, a_scale_ptr, routes, stride_am, stride_asm, A_DIV, GATHERED, X_LOAD,
         gl.SliceLayout(1, MMA_H), BM)
@@ -292,4 +295,7 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
         else:
             acc, wf_h = acc_b, wf_b
         wf_h = gl.convert_layout(wf_h, gl.SliceLayout(0, MMA_H)).to(gl.float32, bitcast=True)
-        gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=ok)
+        mask = ok
+        if not EVEN_N:  # a tail tile: no column past N
+            mask = ok & (n_c < N)[None, :]
+        gl.store(c_ptrs, (acc * wf_h[None, :]).to(c_ptr.dtype.element_ty), mask=mask)

@@ -23,7 +23,9 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     async_load,
     barrier,
     decode_words,
+    n_tiles,
     row_max_scale,
+    store_mask,
     store_words,
     tile_of,
     weight_rows,
@@ -34,10 +36,10 @@ from moetune.kernels.fp4_prefill.gluon_common import (
 
 
 @gluon.jit
-def _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr):
+def _ws_tile(t, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN: gl.constexpr, EVEN_N: gl.constexpr):
     """Tile t of a persistent program: its (M-block, N-tile) and expert (int32: nothing waits for the load
     until the expert is used)."""
-    pid_m, pid_n = tile_of(t, N, blocks, GROUP_SIZE_M, BN)
+    pid_m, pid_n = tile_of(t, N, blocks, GROUP_SIZE_M, BN, EVEN_N)
     return pid_m, pid_n, gl.load(expert_ids_ptr + pid_m)
 
 
@@ -74,7 +76,7 @@ def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHER
 def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks,
             N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
             GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-            A_RESIDENT: gl.constexpr, num_warps: gl.constexpr):
+            A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, num_warps: gl.constexpr):
     """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
     activations and decoded weights are in (``ready``), the slot given back (``empty``) as soon as the
     product is waited for, then the rescale; each tile's epilogue while the decode partition goes on into
@@ -87,11 +89,12 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted
     OUT_L: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // OUT_COLS, OUT_COLS], [num_warps, 1], [1, 0])
     num_k = K // CHUNK
     first, stop, step = _ws_range(num_tiles, A_RESIDENT)
-    pid_m, pid_n = tile_of(first, N, blocks, GROUP_SIZE_M, BN)
+    pid_m, pid_n = tile_of(first, N, blocks, GROUP_SIZE_M, BN, EVEN_N)
     route = _ws_routes(pid_m, sorted_ids_ptr, ROWS, BM)
     xs_src = _ws_row_ptrs(route, pid_m, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS, BM)
     xs = gl.load(xs_src, mask=route < routes, other=0.0)
-    pid_m_n, pid_n_n = tile_of(gl.minimum(first + step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+    pid_m_n, pid_n_n = tile_of(gl.minimum(first + step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN,
+                               EVEN_N)
     route_n = _ws_routes(pid_m_n, sorted_ids_ptr, ROWS, BM)
     zero = gl.zeros([BM, BN], gl.float32, MMA)
     rmax = gl.zeros([BN], gl.int32, gl.SliceLayout(0, MMA))
@@ -99,7 +102,8 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted
     ti = 0
     for t in range(first, stop, step):
         # (past the last tile: a real one, never stored)
-        pid_m_nn, pid_n_nn = tile_of(gl.minimum(t + 2 * step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN)
+        pid_m_nn, pid_n_nn = tile_of(gl.minimum(t + 2 * step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN,
+                                     EVEN_N)
         route_nn = _ws_routes(pid_m_nn, sorted_ids_ptr, ROWS, BM)  # used a tile from now
         xs_src_n = _ws_row_ptrs(route_n, pid_m_n, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS,
                                 BM)
@@ -127,7 +131,7 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted
         n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, OUT_L))
         row = gl.convert_layout(route, gl.SliceLayout(1, OUT_L))
         c_ptrs = c_ptr + row.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-        gl.store(c_ptrs, out_smem.load(OUT_L), mask=(row < routes)[:, None])
+        gl.store(c_ptrs, out_smem.load(OUT_L), mask=store_mask(n_c, N, row < routes, EVEN_N))
         pid_m_n, pid_n, pid_n_n = pid_m_nn, pid_n_n, pid_n_nn
         route, route_n = route_n, route_nn
         xs_src = xs_src_n
@@ -140,7 +144,7 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
                stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
                BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
-               A_RESIDENT: gl.constexpr):
+               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
     ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
@@ -156,17 +160,17 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
     cols_x = gl.arange(0, CHUNK, gl.SliceLayout(0, X_LOAD))
     num_k = K // CHUNK
     first, stop, step = _ws_range(num_tiles, A_RESIDENT)
-    pid_m, pid_n, expert = _ws_tile(first, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN)
+    pid_m, pid_n, expert = _ws_tile(first, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN, EVEN_N)
     route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM)
     g = 0
     ti = 0
     held = -1  # the M-block whose activations are resident
     for t in range(first, stop, step):
         pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(t + step, num_tiles - 1), N, blocks, GROUP_SIZE_M,
-                                              expert_ids_ptr, BN)
+                                              expert_ids_ptr, BN, EVEN_N)
         route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM)  # used a tile from now
-        w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, stride_we, stride_wn,
-                                      stride_wse, stride_wsn, P_W, BN)
+        w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, N, stride_we, stride_wn,
+                                      stride_wse, stride_wsn, P_W, BN, EVEN_N)
         x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM)[:, None]
         row_ok_x = route < routes
         fresh = pid_m != held
@@ -210,7 +214,8 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-                        A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr):
+                        A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr,
+                        EVEN_N: gl.constexpr = True):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
@@ -224,7 +229,7 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
     BM: gl.constexpr = BLOCK_SIZE_M
     BN: gl.constexpr = BLOCK_SIZE_N
     blocks = gl.load(num_padded_ptr) // BM
-    num_tiles = blocks * (N // BN)
+    num_tiles = blocks * n_tiles(N, BN, EVEN_N)
     first, stop, step = _ws_range(num_tiles, A_RESIDENT)
     if first >= stop:
         return
@@ -249,9 +254,9 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
     gl.warp_specialize([
         (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
                    blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
-                   BN, RING, A_RESIDENT, num_warps)),
+                   BN, RING, A_RESIDENT, EVEN_N, num_warps)),
         (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
                       expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
                       stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                      DECODE_WARPS, A_RESIDENT)),
+                      DECODE_WARPS, A_RESIDENT, EVEN_N)),
     ], [DECODE_WARPS], [DECODE_REGS])
