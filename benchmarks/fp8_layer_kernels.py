@@ -1,5 +1,6 @@
 """Where an FP8 decode layer's time goes: GPU time per kernel of one ``fp8_decode_moe`` call (the
-picker's tiles), from torch.profiler over repeated eager calls, at given tokens and active shares.
+picker's tiles), from torch.profiler over repeated eager calls (without PDL unless --pdl: a kernel
+launched early would count its wait), at given tokens and active shares.
 
     PYTHONPATH=. python benchmarks/fp8_layer_kernels.py -m deepseek-v3 --tp 8 --tokens 1 64 --active 1 0 \
         --out $OUT
@@ -28,6 +29,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--active", type=float, nargs="+", default=[1.0, 0.0])
     ap.add_argument("--calls", type=int, default=20)
+    # with PDL each kernel starts before the previous one ends and waits inside: its profiled time would
+    # include that wait, so the breakdown runs without it unless asked
+    ap.add_argument("--pdl", action="store_true")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     model = get_model(args.model)
@@ -41,9 +45,9 @@ def main() -> None:
             ids, rw = make_routes(t, model.top_k, e, active_fraction=f, device="cuda")
             x = torch.randn(t, h, device="cuda").to(torch.bfloat16)
             for hint in (None, f):
-                def call():
+                def call(x=x, rw=rw, ids=ids, hint=hint):
                     return fp8_decode_moe(x, w13, s13, w2, s2, rw, ids, activation=model.activation,
-                                          swiglu_limit=model.swiglu_limit, active_share=hint)
+                                          swiglu_limit=model.swiglu_limit, active_share=hint, pdl=args.pdl)
                 call()
                 torch.cuda.synchronize()
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:

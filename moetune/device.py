@@ -24,13 +24,18 @@ class DeviceInfo:
 
     @property
     def capability(self) -> tuple[int, int] | None:
-        m = re.fullmatch(r"sm_(\d+)(\d)", self.arch)
-        return (int(m.group(1)), int(m.group(2))) if m else None
+        return arch_capability(self.arch)
 
     @property
     def slug(self) -> str:
         """File-name-safe device name ("NVIDIA H200" -> "nvidia_h200")."""
         return safe_name(self.name)
+
+
+def arch_capability(arch: str) -> tuple[int, int] | None:
+    """"sm_90" -> (9, 0); None for "interpreter" and other non-CUDA archs."""
+    m = re.fullmatch(r"sm_(\d+)(\d)", arch)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def safe_name(name: str) -> str:

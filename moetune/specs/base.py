@@ -110,6 +110,13 @@ class KernelSpec(TileRules):
         Triton's cache. Default: the whole (canonical) config."""
         return canonical_json(self.canonical(config))
 
+    def launch_contract(self, arch: str) -> str | None:
+        """How ``run`` launches its kernels on ``arch`` where that changes their time (e.g. "pdl" for
+        programmatic dependent launch), recorded with every measurement. Export ranks a point on the
+        rows of the current contract where it has any, so a change of launch path supersedes the rows
+        timed the old way. None (the default): the op has one launch path."""
+        return None
+
     # ---- running -------------------------------------------------------------------
     def make_weights(self, problem: Problem, device: str, seed: int) -> Any:
         """The large, config-independent part of the inputs (e.g. quantized expert weights), or None

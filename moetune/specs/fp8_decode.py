@@ -19,11 +19,11 @@ from typing import Any
 import torch
 import triton
 
-from moetune.device import DeviceInfo
+from moetune.device import DeviceInfo, arch_capability
 from moetune.kernels.fp8_decode.align import align_routes
 from moetune.kernels.fp8_decode.config import DTYPES, GEMM_DEFAULT, Fp8DecodeRules, gemm_shapes
 from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
-from moetune.kernels.fp8_decode.pdl import resolve_pdl
+from moetune.kernels.fp8_decode.pdl import PDL_MIN_CAPABILITY, resolve_pdl
 from moetune.kernels.fp8_decode.split import SplitRows, split_fp8_rows
 from moetune.models import ModelPreset
 from moetune.problem import Config, Problem, canonical_json
@@ -103,6 +103,12 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
     def constraint_key(self, problem: Problem) -> tuple:
         """The constraint reads the shape and, for BLOCK_SIZE_M, its bound (``_bm_bound``)."""
         return problem.kernel, problem.shape_key, self._bm_bound(problem)
+
+    def launch_contract(self, arch: str) -> str | None:
+        """"pdl" where the layer launches with programmatic dependent launch (``resolve_pdl``), else
+        "plain"; the interpreter has no concurrent launches."""
+        cap = arch_capability(arch)
+        return "pdl" if cap is not None and cap >= PDL_MIN_CAPABILITY else "plain"
 
     # ---- running ------------------------------------------------------------------------------
     def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:

@@ -347,6 +347,22 @@ def _write(path: Path, doc: dict, result: ExportResult) -> None:
     result.files.append(FileResult(path, changes))
 
 
+def current_launch_rows(spec: KernelSpec, arch: str, rows: list[dict]) -> list[dict]:
+    """The rows that rank each point: at a point with rows of the spec's current launch contract
+    (:meth:`KernelSpec.launch_contract`), those only; elsewhere the rows that record no contract
+    (stores from before it was recorded). Rows of another contract never rank."""
+    want = spec.launch_contract(arch)
+    if want is None:
+        return rows
+
+    def point(r: dict) -> tuple:
+        return r["tokens"], r["routes"], float(r["active_fraction"]), r["routing"]
+
+    current = {point(r) for r in rows if r.get("launch") == want}
+    return [r for r in rows if r.get("launch") == want
+            or (not _opt(r.get("launch")) and point(r) not in current)]
+
+
 def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKAGED, *,
            kernels: Iterable[str] = (), device: str | None = None, arch_device: str | None = None,
            on_progress: Callable[[int, int, str], None] | None = None) -> ExportResult:
@@ -384,8 +400,9 @@ def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKA
     for i, ((kernel, arch, _, dev), rows) in enumerate(sorted(groups.items())):
         if on_progress is not None:
             on_progress(i, len(groups), f"{kernel} {tables.shape_stem(rows[0]['shape'])} on {dev}")
-        spec = rows[0]["spec"]
-        doc = _device_table(spec, dev, arch, rows[0]["shape"], rows)
+        spec, shape = rows[0]["spec"], rows[0]["shape"]
+        rows = current_launch_rows(spec, arch, rows)
+        doc = _device_table(spec, dev, arch, shape, rows) if rows else {"shape": shape, "entries": []}
         if not doc["entries"]:
             result.notes.append(f"{kernel} {tables.shape_stem(doc['shape'])} on {dev}: "
                                 "no accurate measurement to export")

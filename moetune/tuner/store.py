@@ -38,8 +38,11 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("active_fraction", "REAL"), ("routing", "TEXT"), ("density", "REAL"), ("config", "TEXT"),
     ("status", "TEXT"), ("reason", "TEXT"), ("error", "REAL"), ("time_ms", "REAL"), ("min_ms", "REAL"),
     ("spread", "REAL"), ("n_runs", "INTEGER"), ("bytes", "INTEGER"), ("flops", "INTEGER"),
-    ("roofline_frac", "REAL"), ("strategy", "TEXT"), ("timestamp", "TEXT"),
+    ("roofline_frac", "REAL"), ("strategy", "TEXT"), ("timestamp", "TEXT"), ("launch", "TEXT"),
 )
+# Columns added after stores were committed: absent in an older store, they read as empty (and a
+# writable store gains them when opened).
+ADDED_COLUMNS = ("launch",)
 COLUMN_NAMES = ("id",) + tuple(c for c, _ in COLUMNS)
 _JSON_COLUMNS = ("shape", "config")
 # The columns that say which candidate at which point a row measured (resume key).
@@ -174,7 +177,8 @@ class Store:
         if meta.get("version") != SCHEMA_VERSION:
             raise ValueError(f"{self.path} has moetune results schema version {meta.get('version')!r}; "
                              f"this moetune reads version {SCHEMA_VERSION}")
-        missing = [c for c in COLUMN_NAMES if c not in columns] if "measurements" in tables else []
+        missing = [c for c in COLUMN_NAMES if c not in columns and c not in ADDED_COLUMNS] \
+            if "measurements" in tables else []
         if missing:
             raise ValueError(f"{self.path} is a damaged moetune results database: its measurements table "
                              f"has no column {', '.join(missing)}")
@@ -187,6 +191,10 @@ class Store:
             try:
                 for stmt in _DDL:
                     self._conn.execute(stmt)
+                have = {r[1] for r in self._conn.execute("PRAGMA table_info(measurements)")}
+                for name, kind in COLUMNS:
+                    if name not in have:
+                        self._conn.execute(f"ALTER TABLE measurements ADD COLUMN {name} {kind}")
                 self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?), ('version', ?)",
                                    (SCHEMA_NAME, SCHEMA_VERSION))
                 self._conn.execute("COMMIT")
@@ -267,7 +275,7 @@ class Store:
         where, params = self._where(equal_filters)
         cur = self._conn.execute(f"SELECT * FROM measurements{where} ORDER BY id", params)
         names = [d[0] for d in cur.description]
-        return pd.DataFrame(cur.fetchall(), columns=names)
+        return with_added_columns(pd.DataFrame(cur.fetchall(), columns=names))
 
     def count(self, **equal_filters: Any) -> int:
         where, params = self._where(equal_filters)
@@ -368,6 +376,14 @@ class Store:
 _STORE_SUFFIXES = (".sqlite", ".db", ".sqlite3")
 
 
+def with_added_columns(frame):
+    """``frame`` with every :data:`ADDED_COLUMNS` column an older store or export lacks, empty."""
+    for name in ADDED_COLUMNS:
+        if name not in frame.columns:
+            frame[name] = None
+    return frame
+
+
 def read_frame(path: str | Path, option: str = "--data"):
     """Rows of a results store (.sqlite/.db, or gzipped: .sqlite.gz, as stores are committed) or of an
     export of one (``moetune results --csv/--parquet``: .csv, .csv.gz, .parquet), as a pandas DataFrame;
@@ -395,8 +411,8 @@ def read_frame(path: str | Path, option: str = "--data"):
             except ValueError as e:  # name the user's file, not the decompressed copy
                 raise ValueError(str(e).replace(str(plain), str(path))) from e
     if name.endswith((".csv", ".csv.gz")):  # text stays text ("13.0" is a CUDA version, not a float)
-        return pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"})
+        return with_added_columns(pd.read_csv(path, dtype={c: str for c, kind in COLUMNS if kind == "TEXT"}))
     if name.endswith(".parquet"):
-        return pd.read_parquet(path)
+        return with_added_columns(pd.read_parquet(path))
     raise ValueError(f"{option}: unknown format {path.name!r} "
                      "(use .sqlite, .sqlite.gz, .csv, .csv.gz or .parquet)")

@@ -243,7 +243,8 @@ class Sweep:
     def _row(self, point: Point, config: Config, res: dict[str, Any]) -> dict[str, Any]:
         p, d = point.problem, self.device
         row = {**self._key(p), "sweep_id": self.sweep_id, "arch": d.arch, **self.runner.versions,
-               "density": p.density, "config": canonical_json(config), "strategy": self.strategy}
+               "density": p.density, "config": canonical_json(config), "strategy": self.strategy,
+               "launch": get_spec(p.kernel).launch_contract(d.arch)}
         for k in ("status", "reason", "error", "time_ms", "min_ms", "spread", "n_runs", "bytes", "flops",
                   "roofline_frac"):
             if res.get(k) is not None:

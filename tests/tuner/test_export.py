@@ -362,3 +362,27 @@ def test_a_forged_ok_row_over_the_tolerance_is_dropped_by_name(tmp_path):
         assert f"row {ids[2]}: field error:" in text and "tolerance" in text, text
         assert f"row {ids[3]}: field min_ms:" in text, text
         assert by_density(read(dest))[1.0]["config"] == cfg(16)  # the forged faster rows never win
+
+
+def test_rows_of_the_current_launch_contract_supersede_older_rows_at_their_point(tmp_path, monkeypatch):
+    monkeypatch.setattr(type(SPEC), "launch_contract", lambda self, arch: "pdl")
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [
+        # tokens 1: timed before the contract was recorded, then again under it: the new rows decide
+        row(DEFAULT, 2.0, tokens=1), row(cfg(16), 1.0, tokens=1),
+        row(DEFAULT, 2.0, tokens=1, launch="pdl"), row(cfg(16), 1.8, tokens=1, launch="pdl"),
+        row(cfg(32), 1.2, tokens=1, launch="pdl"),
+        # tokens 4: old rows only: they still decide
+        row(DEFAULT, 2.0, tokens=4), row(cfg(64), 1.0, tokens=4),
+        # tokens 16: another contract's rows never rank, even alone
+        row(DEFAULT, 2.0, tokens=16, launch="plain"), row(cfg(128), 1.0, tokens=16, launch="plain"),
+    ])
+    got = by_density(read(export(db, out) and out))
+    assert {d: e["config"] for d, e in got.items()} == {0.25: cfg(32), 1.0: cfg(64)}
+    assert got[0.25]["time_ms"] == 1.2
+
+
+def test_a_spec_with_one_launch_path_ranks_every_row(tmp_path):
+    db, out = tmp_path / "r.sqlite", tmp_path / "configs"
+    fill(db, [row(DEFAULT, 2.0, tokens=1), row(cfg(16), 1.0, tokens=1, launch="anything")])
+    assert by_density(read(export(db, out) and out))[0.25]["config"] == cfg(16)

@@ -233,3 +233,23 @@ def test_errors_of_a_gzipped_store_name_the_users_file(tmp_path):
     with pytest.raises(ValueError) as err:
         read_frame(packed, "--db")
     assert str(packed) in str(err.value) and "not a moetune results database" in str(err.value)
+
+
+def test_a_store_from_before_the_launch_column_reads_and_gains_it(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with Store(path) as s:
+        s.add({"kernel": "k", "device_name": "d", "shape": {"E": 1}, "config": {"a": 1}, "status": "ok"})
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE measurements DROP COLUMN launch")
+    conn.commit()
+    conn.close()
+    with Store(path, readonly=True) as s:
+        frame = s.frame()
+        assert "launch" in frame.columns and frame["launch"].isna().all()
+    with Store(path) as s:  # writable: the column is added, old rows keep it empty
+        s.add({"kernel": "k", "device_name": "d", "shape": {"E": 1}, "config": {"a": 2}, "status": "ok",
+               "launch": "pdl"})
+        launch = s.frame()["launch"]
+        assert launch.isna().tolist() == [True, False] and launch.iloc[1] == "pdl"

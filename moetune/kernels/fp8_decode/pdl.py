@@ -25,11 +25,14 @@ def pdl_enter(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
+PDL_MIN_CAPABILITY = (9, 0)
+
+
 def resolve_pdl(pdl: bool | None, like: torch.Tensor) -> bool:
     """Whether the path launches with PDL: ``pdl`` when given, else on for sm_90 and newer. The layer and
     the tuner's spec both ask here, so a candidate is timed with the launches it serves with."""
     if pdl is None:
-        return like.is_cuda and torch.cuda.get_device_capability(like.device) >= (9, 0)
+        return like.is_cuda and torch.cuda.get_device_capability(like.device) >= PDL_MIN_CAPABILITY
     if not isinstance(pdl, bool):
         raise ValueError(f"pdl must be True, False or None, got {pdl!r}")
     return pdl
