@@ -105,6 +105,24 @@ def test_moe_sum_adds_weighted_down_bias_of_active_routes(h, dtype, device):
         moe_sum(rows, ids, dtype, bias=bias[:, :-1], topk_weights=wts)
 
 
+def test_moe_sum_compiles_for_sm90_with_and_without_bias():
+    """What the GPU runs (compiled for sm_90 without a GPU): without a bias the launcher passes the weight
+    and bias pointers as None (constexprs) and nothing of the bias is in the kernel."""
+    from sm90_compile import compile_sm90
+
+    jobs = [{"kernel": "moetune.kernels.fp4_prefill.moe_sum._moe_sum_kernel",
+             "const": {"TOP_K": 4, "BLOCK": 1024, "HAS_BIAS": bias, **({} if bias else {"w_ptr": None,
+                                                                                      "b_ptr": None})},
+             "types": {"rows_ptr": "*fp32", "ids_ptr": "*i32", "w_ptr": "*fp32", "b_ptr": "*bf16",
+                       "out_ptr": "*bf16"},
+             "options": {"num_warps": 4}} for bias in (False, True)]
+    got = compile_sm90(jobs)
+    if isinstance(got, str):
+        pytest.skip(f"cannot compile for sm_90 here: {got}")
+    plain, biased = (g["ptx"].split(".section")[0] for g in got)
+    assert plain.count("ld.global") < biased.count("ld.global")
+
+
 # ---- the layer -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("which, bias_dtype", [("both", torch.bfloat16), ("w13_bias", torch.float32),
                                                ("w2_bias", torch.bfloat16)])
