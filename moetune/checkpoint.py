@@ -18,8 +18,10 @@ Formats (``L`` = layer, ``e`` = expert, ``P`` = ``model.layers.{L}.mlp.experts``
   ``P.gate_up_proj_bias`` ``[E, 2I]``, ``P.down_proj_bias`` ``[E, H]``. Gate and up are interleaved by row
   (row 2j = gate j, 2j+1 = up j); here they are de-interleaved to gate rows then up rows
   (``[E, 2I, H/2]`` packed, ``[E, 2I, H/32]`` scales) for ``fp4_prefill_moe``. Activation ``swiglu`` with
-  limit 7 (``config.json``'s ``swiglu_limit`` where present). The biases are kept (de-interleaved too), but
-  no kernel takes a bias, so :meth:`MoeLayerWeights.kernel_args` refuses a layer that has them.
+  limit 7 (``config.json``'s ``swiglu_limit`` where present). The biases (bf16 in gpt-oss; the gate/up
+  bias de-interleaved as its rows) go to ``fp4_prefill_moe``'s ``w13_bias`` / ``w2_bias``. Each bias is
+  optional: a layer without ``P.gate_up_proj_bias`` (or ``P.down_proj_bias``) has no such bias, as in
+  models of gpt-oss's layout trained without them; one present with another shape or dtype is an error.
 - ``deepseek-v4`` (ds_fp4): names this module defines, following DeepSeek-V3's per-expert naming, as no
   public checkpoint layout was at hand: ``P.{e}.{gate,up,down}_proj.weight`` uint8 ``[out, in/2]`` (or
   int8 / float4_e2m1fn_x2 bytes, two E2M1 codes per byte, low nibble = even k) and ``...weight_scale``
@@ -54,7 +56,10 @@ class MoeLayerWeights:
     """One layer's routed experts in the kernels' layout, and the activation its model computes.
 
     ``kind`` is the kernel path: ``"fp8"`` (``fp8_decode_moe``: ``w13``/``w2`` float8_e4m3fn, fp32 block
-    scales) or ``"fp4"`` (``fp4_prefill_moe``: ``w13``/``w2`` packed uint8 codes, uint8 UE8M0 scales)."""
+    scales) or ``"fp4"`` (``fp4_prefill_moe``: ``w13``/``w2`` packed uint8 codes, uint8 UE8M0 scales, and
+    the optional biases ``w13_bias [E, 2I]``, ``w2_bias [E, H]``, which the FP8 path does not take).
+
+    Call the layer as ``layer(x, *w.kernel_args(), topk_weights, topk_ids, **w.layer_kwargs())``."""
 
     format: str
     kind: str
@@ -66,6 +71,10 @@ class MoeLayerWeights:
     swiglu_limit: float | None = None
     w13_bias: torch.Tensor | None = None
     w2_bias: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind == "fp8" and (self.w13_bias is not None or self.w2_bias is not None):
+            raise ValueError("w13_bias / w2_bias: the FP8 path (fp8_decode_moe) takes no bias")
 
     @property
     def experts(self) -> int:
@@ -80,16 +89,18 @@ class MoeLayerWeights:
         return self.w13.shape[1] // 2
 
     def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(w13, w13_scale, w2, w2_scale)``; NotImplementedError where the kernels cannot compute this
-        layer's function (a bias) rather than silently computing another."""
-        if self.w13_bias is not None or self.w2_bias is not None:
-            raise NotImplementedError(f"{self.format} experts have biases (gate_up_proj_bias, "
-                                      f"down_proj_bias), and no moetune kernel takes a bias input")
+        """``(w13, w13_scale, w2, w2_scale)``, the layer's positional weight arguments (the biases travel
+        as keywords: :meth:`layer_kwargs`)."""
         return self.w13, self.w13_scale, self.w2, self.w2_scale
 
     def layer_kwargs(self) -> dict[str, Any]:
-        """The activation arguments the path's layer and reference take."""
-        return {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
+        """The keyword arguments the path's layer and reference take: the activation, and the biases of
+        an FP4 layer that has them (``w13_bias``, ``w2_bias``; a bias the layer lacks is left out)."""
+        kw: dict[str, Any] = {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
+        for name in ("w13_bias", "w2_bias"):
+            if getattr(self, name) is not None:
+                kw[name] = getattr(self, name)
+        return kw
 
 
 # ---- sources ----------------------------------------------------------------------------------------
@@ -268,15 +279,19 @@ def load_gpt_oss_mxfp4(source: str | Path | Mapping[str, torch.Tensor], layer: i
                         torch.empty(e, two_i, hb, dtype=torch.uint8, device=device))
     w2 = got["down_proj_blocks"].reshape(e, h, inter // 2).to(device).contiguous()
     s2 = got["down_proj_scales"].to(device).contiguous()
-    biases = []
+    names = src.names()
+    biases: dict[str, torch.Tensor | None] = {}
     for leaf, shape in (("gate_up_proj_bias", (e, two_i)), ("down_proj_bias", (e, h))):
-        b = src.get(f"{p}.{leaf}")
-        _check(f"{p}.{leaf}", b, (torch.bfloat16, torch.float16, torch.float32), shape)
-        biases.append(b)
-    b13 = _deinterleave(biases[0], torch.empty(e, two_i, dtype=biases[0].dtype, device=device))
+        name = f"{p}.{leaf}"
+        biases[leaf] = src.get(name) if name in names else None  # absent: the layer has no such bias
+        if biases[leaf] is not None:
+            _check(name, biases[leaf], (torch.bfloat16, torch.float16, torch.float32), shape)
+    b13, b2 = biases["gate_up_proj_bias"], biases["down_proj_bias"]
+    if b13 is not None:
+        b13 = _deinterleave(b13, torch.empty(e, two_i, dtype=b13.dtype, device=device))
     return MoeLayerWeights("gpt-oss", "fp4", w13, s13, w2, s2, activation="swiglu",
                            swiglu_limit=float(src.config.get("swiglu_limit", GPT_OSS_SWIGLU_LIMIT)),
-                           w13_bias=b13, w2_bias=biases[1].to(device))
+                           w13_bias=b13, w2_bias=None if b2 is None else b2.to(device).contiguous())
 
 
 LOADERS = {"deepseek-v3": load_deepseek_v3_fp8, "gpt-oss": load_gpt_oss_mxfp4,

@@ -96,34 +96,41 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 @torch.library.custom_op("moetune::fp4_prefill_moe", mutates_args=())
 def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                         w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor, activation: str = "silu", swiglu_limit: float | None = None,
-                        config: str = "", validate: bool = False) -> torch.Tensor:
+                        topk_ids: torch.Tensor, w13_bias: torch.Tensor | None = None,
+                        w2_bias: torch.Tensor | None = None, activation: str = "silu",
+                        swiglu_limit: float | None = None, config: str = "",
+                        validate: bool = False) -> torch.Tensor:
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe as layer
 
     return layer(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation=activation,
-                 swiglu_limit=swiglu_limit, config=_parse(config), validate=validate)
+                 swiglu_limit=swiglu_limit, config=_parse(config), validate=validate, w13_bias=w13_bias,
+                 w2_bias=w2_bias)
 
 
 @_fp4_prefill_moe_op.register_fake
-def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation="silu",
-      swiglu_limit=None, config="", validate=False):
+def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
+      activation="silu", swiglu_limit=None, config="", validate=False):
     from moetune.kernels.activations import check_activation
-    from moetune.kernels.fp4_prefill.inputs import check_inputs
+    from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
 
-    check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
+    experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
     check_activation(activation, swiglu_limit)
+    check_biases(w13_bias, w2_bias, experts, inter, x.shape[1], x.device)
     return x.new_empty(x.shape)
 
 
 def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
-                    config: Mapping[str, Any] | str | None = None, validate: bool = False) -> torch.Tensor:
+                    config: Mapping[str, Any] | str | None = None, validate: bool = False,
+                    w13_bias: torch.Tensor | None = None,
+                    w2_bias: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`moetune.kernels.fp4_prefill.layer.fp4_prefill_moe` through
-    ``torch.ops.moetune.fp4_prefill_moe`` (same arguments; ``config`` also as its JSON text)."""
+    ``torch.ops.moetune.fp4_prefill_moe`` (same arguments; ``config`` also as its JSON text; the optional
+    biases are the op's ``Tensor?`` arguments after ``topk_ids``)."""
     return torch.ops.moetune.fp4_prefill_moe(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                             topk_ids, activation=activation, swiglu_limit=swiglu_limit,
-                                             config=config_json(config),
+                                             topk_ids, w13_bias, w2_bias, activation=activation,
+                                             swiglu_limit=swiglu_limit, config=config_json(config),
                                              validate=validate)
 
 

@@ -9,7 +9,13 @@ import torch
 from safetensors.torch import save_file
 from typer.testing import CliRunner
 
-from moetune.checkpoint import detect_format, load_deepseek_v3_fp8, load_deepseek_v4_fp4, load_gpt_oss_mxfp4
+from moetune.checkpoint import (
+    MoeLayerWeights,
+    detect_format,
+    load_deepseek_v3_fp8,
+    load_deepseek_v4_fp4,
+    load_gpt_oss_mxfp4,
+)
 from moetune.cli import app
 from moetune.quant import quantize_fp8_block, quantize_mxfp4
 
@@ -111,9 +117,15 @@ def test_deepseek_v4_round_trip(tmp_path, scale_dtype):
     assert (got.kind, got.activation, got.swiglu_limit) == ("fp4", "silu", 10.0)
 
 
-def test_gpt_oss_round_trip_deinterleaves_and_refuses_biases(tmp_path):
+def biases(seed=0):
+    """gpt-oss's biases: bf16, of order 1."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(E, n, generator=g).to(torch.bfloat16) for n in (2 * I, H))
+
+
+def test_gpt_oss_round_trip_deinterleaves_weights_and_biases(tmp_path):
     w13, w2 = weights(2)
-    b13, b2 = torch.randn(E, 2 * I).to(torch.bfloat16), torch.randn(E, H).to(torch.bfloat16)
+    b13, b2 = biases(2)
     ckpt = write_checkpoint(tmp_path / "oss", gpt_oss_tensors(w13, w2, b13, b2))
     assert detect_format(ckpt, LAYER) == "gpt-oss"
     got = load_gpt_oss_mxfp4(ckpt, LAYER)
@@ -121,11 +133,33 @@ def test_gpt_oss_round_trip_deinterleaves_and_refuses_biases(tmp_path):
     q2, s2 = quantize_mxfp4(w2)
     assert same_bytes(got.w13, q13) and same_bytes(got.w13_scale, s13)
     assert same_bytes(got.w2, q2) and same_bytes(got.w2_scale, s2)
-    assert torch.equal(got.w13_bias, b13) and torch.equal(got.w2_bias, b2)
+    assert same_bytes(got.w13_bias, b13) and same_bytes(got.w2_bias, b2)  # gate columns, then up columns
     assert (got.activation, got.swiglu_limit) == ("swiglu", 7.0)
-    assert got.layer_kwargs() == {"activation": "swiglu", "swiglu_limit": 7.0}  # the FP4 path computes it
-    with pytest.raises(NotImplementedError, match="biases"):
-        got.kernel_args()
+    kw = got.layer_kwargs()  # the FP4 path computes the activation, and takes the biases
+    assert {k: kw[k] for k in ("activation", "swiglu_limit")} == {"activation": "swiglu", "swiglu_limit": 7.0}
+    assert kw["w13_bias"] is got.w13_bias and kw["w2_bias"] is got.w2_bias
+    assert got.kernel_args() == (got.w13, got.w13_scale, got.w2, got.w2_scale)
+
+
+@pytest.mark.parametrize("absent", [("gate_up_proj_bias",), ("down_proj_bias",),
+                                    ("gate_up_proj_bias", "down_proj_bias")])
+def test_gpt_oss_layer_without_biases_has_none(absent):
+    tensors = gpt_oss_tensors(*weights(), *biases())
+    for leaf in absent:
+        del tensors[f"{P}.{leaf}"]
+    got = load_gpt_oss_mxfp4(tensors, LAYER)
+    assert (got.w13_bias is None) == ("gate_up_proj_bias" in absent)
+    assert (got.w2_bias is None) == ("down_proj_bias" in absent)
+    assert set(got.layer_kwargs()) == {"activation", "swiglu_limit"} | {
+        {"gate_up_proj_bias": "w13_bias", "down_proj_bias": "w2_bias"}[leaf]
+        for leaf in ("gate_up_proj_bias", "down_proj_bias") if leaf not in absent}
+
+
+def test_fp8_layer_refuses_biases():
+    w = load_deepseek_v3_fp8(v3_tensors(*weights()), LAYER)
+    with pytest.raises(ValueError, match="takes no bias"):
+        MoeLayerWeights("deepseek-v3", "fp8", w.w13, w.w13_scale, w.w2, w.w2_scale, "silu",
+                        w2_bias=torch.zeros(E, H))
 
 
 # ---- bad input: ValueError naming the tensor ------------------------------------------------------------
@@ -171,6 +205,15 @@ def test_mis_shaped_tensor():
     oss[f"{P}.gate_up_proj_blocks"] = oss[f"{P}.gate_up_proj_blocks"].reshape(E, 2 * I, -1)
     with pytest.raises(ValueError, match=re.escape(f"{P}.gate_up_proj_blocks has shape")):
         load_gpt_oss_mxfp4(oss, LAYER)
+    for leaf, bad in (("gate_up_proj_bias", torch.zeros(E, I)), ("down_proj_bias", torch.zeros(E, H, 1))):
+        oss = gpt_oss_tensors(*weights(), *biases())
+        oss[f"{P}.{leaf}"] = bad
+        with pytest.raises(ValueError, match=re.escape(f"tensor {P}.{leaf} has shape")):
+            load_gpt_oss_mxfp4(oss, LAYER)
+    oss = gpt_oss_tensors(*weights(), *biases())
+    oss[f"{P}.down_proj_bias"] = oss[f"{P}.down_proj_bias"].to(torch.int32)
+    with pytest.raises(ValueError, match=re.escape(f"tensor {P}.down_proj_bias has dtype torch.int32")):
+        load_gpt_oss_mxfp4(oss, LAYER)
 
 
 def test_unexpected_dtype():
@@ -201,12 +244,32 @@ def test_check_layer(tmp_path, fmt, make, path):
     assert float(match.group(1)) < 1e-2
 
 
+def test_check_layer_gpt_oss_with_biases(tmp_path):
+    """gpt-oss's swiglu at limit 7 and both biases: the layer and the reference both take them, and the
+    error is small (the biases change the output far more than that)."""
+    w13, w2 = weights(4)
+    b13, b2 = biases(4)
+    ckpt = write_checkpoint(tmp_path / "oss", gpt_oss_tensors(w13, w2, b13, b2), {"num_experts_per_tok": 2})
+    result = CliRunner().invoke(app, ["check-layer", str(ckpt), "--layer", str(LAYER), "--tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert (f"layer {LAYER}: gpt-oss, E {E}, H {H}, I {I}, activation swiglu, limit 7, biases gate_up and "
+            f"down\n") in result.output
+    match = re.search(r"3 tokens x top_k 2 on cpu: moetune.fp4_prefill_moe against "
+                      r"moetune.reference.fp4_prefill_moe: relative error (\S+)", result.output)
+    assert match, result.output
+    assert float(match.group(1)) < 1e-2
+    from moetune.cli.checkpoint import _run
+
+    got = load_gpt_oss_mxfp4(ckpt, LAYER)
+    plain = MoeLayerWeights("gpt-oss", "fp4", *got.kernel_args(), "swiglu", 7.0)
+    refs = [_run(w, w.kernel_args(), 3, 2, 0, torch.device("cpu"))[1] for w in (got, plain)]  # its inputs
+    assert ((refs[0] - refs[1]).float().norm() / refs[0].float().norm()).item() > 0.1
+
+
 def test_check_layer_errors(tmp_path):
     runner = CliRunner()
     tensors = gpt_oss_tensors(*weights(), torch.ones(E, 2 * I), torch.ones(E, H))
     oss = write_checkpoint(tmp_path / "oss", tensors)
-    result = runner.invoke(app, ["check-layer", str(oss), "--layer", str(LAYER)])
-    assert result.exit_code == 2 and "no moetune kernel takes a bias" in result.output
     result = runner.invoke(app, ["check-layer", str(oss), "--layer", "0"])
     assert result.exit_code == 2 and "no routed experts in a known layout" in result.output
     result = runner.invoke(app, ["check-layer", str(tmp_path / "absent"), "--layer", "0"])

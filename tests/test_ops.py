@@ -45,6 +45,11 @@ def fp4_layer(m, h=160, i=96, e=4, top_k=2, active=0.5, seed=0):
     return [x, *w13, *w2, rw, ids]
 
 
+def fp4_biases(h=160, i=96, e=4, seed=0):
+    g = torch.Generator().manual_seed(seed + 100)
+    return torch.randn(e, 2 * i, generator=g).to(torch.bfloat16), torch.randn(e, h, generator=g)
+
+
 def gather_inputs(m, k, rows, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, s = quantize_fp8_act(torch.randn(m, k, generator=g))
@@ -58,6 +63,8 @@ def test_schemas():
     assert "float? swiglu_limit=None, str config=\"\"" in schemas["fp8_decode_moe"]
     assert schemas["fp8_decode_moe"].endswith("bool? pdl=None) -> Tensor")
     assert schemas["fp4_prefill_moe"].endswith("str config=\"\", bool validate=False) -> Tensor")
+    assert "Tensor topk_ids, Tensor? w13_bias=None, Tensor? w2_bias=None, str activation" in schemas[
+        "fp4_prefill_moe"]
     assert schemas["gather_rows_with_scales"].endswith("-> (Tensor, Tensor)")
 
 
@@ -108,6 +115,16 @@ def test_opcheck_fp4_prefill(m):
             {"config": json.dumps(FP4_CFG)})
 
 
+@pytest.mark.parametrize("m, which", [(5, "both"), (3, "w2_bias"), (0, "both")],
+                         ids=["both-biases", "down-bias-only", "zero-tokens"])
+def test_opcheck_fp4_prefill_with_biases(m, which):
+    """bf16 gate/up and fp32 down biases (gpt-oss's are bf16), as the op's Tensor? arguments."""
+    b13, b2 = fp4_biases()
+    kw = {"w13_bias": b13 if which == "both" else None, "w2_bias": b2}
+    opcheck(torch.ops.moetune.fp4_prefill_moe.default, tuple(fp4_layer(m)),
+            {"config": json.dumps(FP4_CFG), "activation": "swiglu", "swiglu_limit": 7.0, **kw})
+
+
 @pytest.mark.parametrize("m, k, rows, dtype", [(7, 300, 13, torch.float8_e4m3fn), (7, 300, 13, torch.uint8),
                                                 (7, 300, 0, torch.uint8), (0, 128, 0, torch.uint8)],
                          ids=["partial-k-tile-fp8", "partial-k-tile-bytes", "zero-rows", "zero-tokens"])
@@ -131,6 +148,9 @@ def test_fp4_prefill_op_equals_layer():
     text = ops.config_json(FP4_CFG)
     assert torch.equal(ops.fp4_prefill_moe(*args, config=text, swiglu_limit=7.0),
                        fp4_prefill_moe(*args, config=FP4_CFG, swiglu_limit=7.0))
+    b13, b2 = fp4_biases(seed=1)
+    assert torch.equal(ops.fp4_prefill_moe(*args, config=text, w13_bias=b13, w2_bias=b2),
+                       fp4_prefill_moe(*args, config=FP4_CFG, w13_bias=b13, w2_bias=b2))
 
 
 def test_gather_rows_op_equals_layer():
@@ -166,6 +186,11 @@ def test_meta_tensors_give_output_shapes():
     assert (out.device.type, out.shape, out.dtype) == ("meta", (3, 300), torch.bfloat16)
     out = torch.ops.moetune.fp4_prefill_moe(*[t.to("meta") for t in fp4_layer(5)])
     assert (out.device.type, out.shape, out.dtype) == ("meta", (5, 160), torch.bfloat16)
+    b13, b2 = (t.to("meta") for t in fp4_biases())
+    out = torch.ops.moetune.fp4_prefill_moe(*[t.to("meta") for t in fp4_layer(5)], b13, b2)
+    assert (out.device.type, out.shape) == ("meta", (5, 160))
+    with pytest.raises(ValueError, match="w2_bias must be"):
+        torch.ops.moetune.fp4_prefill_moe(*[t.to("meta") for t in fp4_layer(5)], b13, b2[:, :-1])
     q, s = torch.ops.moetune.gather_rows_with_scales(*[t.to("meta") for t in gather_inputs(7, 300, 13)])
     assert (q.shape, q.dtype, s.shape, s.dtype) == ((13, 300), torch.float8_e4m3fn, (13, 3), torch.float32)
 

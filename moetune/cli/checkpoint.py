@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from moetune.cli import app
-from moetune.cli._common import console, fail, user_errors
+from moetune.cli._common import console, user_errors
 
 
 @app.command("check-layer")
@@ -25,8 +25,8 @@ def check_layer(
                                                     "which needs TRITON_INTERPRET=1)")] = None,
 ) -> None:
     """Load LAYER's routed experts, run the moetune layer and the fp32 reference on the same random
-    activations and routing, and print the relative error (Frobenius norm of the difference over the
-    reference's)."""
+    activations and routing (with the layer's activation and expert biases), and print the relative error
+    (Frobenius norm of the difference over the reference's)."""
     import json
 
     import torch
@@ -38,10 +38,7 @@ def check_layer(
             raise ValueError(f"--tokens must be at least 1, got {tokens}")
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         weights = load_moe_layer(checkpoint, layer, format=format, device=dev)
-        try:
-            args = weights.kernel_args()
-        except NotImplementedError as e:
-            fail(f"layer {layer} ({weights.format}): {e}")
+        args = weights.kernel_args()
         if top_k is None:
             config = checkpoint / "config.json"
             top_k = json.loads(config.read_text()).get("num_experts_per_tok", 2) if config.is_file() else 2
@@ -51,8 +48,10 @@ def check_layer(
     err = ((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30)).item()
     path = "fp8_decode_moe" if weights.kind == "fp8" else "fp4_prefill_moe"
     limit = "" if weights.swiglu_limit is None else f", limit {weights.swiglu_limit:g}"
+    biases = [name for name, b in (("gate_up", weights.w13_bias), ("down", weights.w2_bias)) if b is not None]
+    bias = f", biases {' and '.join(biases)}" if biases else ""
     console.print(f"layer {layer}: {weights.format}, E {weights.experts}, H {weights.hidden}, "
-                  f"I {weights.intermediate}, activation {weights.activation}{limit}",
+                  f"I {weights.intermediate}, activation {weights.activation}{limit}{bias}",
                   highlight=False, soft_wrap=True)
     console.print(f"{tokens} tokens x top_k {top_k} on {dev.type}: moetune.{path} against "
                   f"moetune.reference.{path}: relative error {err:.3e}", highlight=False, soft_wrap=True)

@@ -3,10 +3,10 @@ between the GEMMs: gated activation, routing weight, FP8 quantization (``swiglu_
 
 One program per (row, group): for ``swiglu_quant`` ``h = act(gate, up) * weight`` in fp32, ``act`` one of
 :data:`moetune.kernels.activations.ACTIVATIONS` with its optional clamp (silu: ``silu(min(gate, limit)) *
-clamp(up, -limit, limit)``), for ``act_quant`` the input row; then ``q = h / scale`` in e4m3 with the
-power-of-two ``scale = 2^ceil(log2(max(amax, 1e-4) / 448))`` (the numerics of ``quantize_fp8_act``, the
-exponent taken from the fp32 bits so no log is rounded). Inactive routes return before reading anything;
-their rows are never read by the down GEMM.
+clamp(up, -limit, limit)``), gate and up first given the row's expert's optional bias; for ``act_quant`` the
+input row; then ``q = h / scale`` in e4m3 with the power-of-two ``scale = 2^ceil(log2(max(amax, 1e-4) /
+448))`` (the numerics of ``quantize_fp8_act``, the exponent taken from the fp32 bits so no log is rounded).
+Inactive routes return before reading anything; their rows are never read by the down GEMM.
 """
 
 from __future__ import annotations
@@ -57,18 +57,26 @@ def _quant_group_store(h, offs, ok, g, q_row, s_row, GROUP: tl.constexpr, ROUND_
 
 
 @triton.jit
-def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, q_ptr, s_ptr, inter, width, limit, stride_gu, stride_q,
-                         stride_s, HAS_LIMIT: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
+def _swiglu_quant_kernel(gu_ptr, w_ptr, ids_ptr, b_ptr, q_ptr, s_ptr, inter, width, limit, experts,
+                         stride_gu, stride_be, stride_bn, stride_q, stride_s, HAS_LIMIT: tl.constexpr,
+                         HAS_BIAS: tl.constexpr, GROUP: tl.constexpr, ROUND_FIRST: tl.constexpr,
                          WGMMA_ORDER: tl.constexpr, ACTIVATION: tl.constexpr):
-    """ACTIVATION: 0 silu, 1 gelu_tanh, 2 swiglu, formulas and clamps as moetune.kernels.activations."""
+    """ACTIVATION: 0 silu, 1 gelu_tanh, 2 swiglu, formulas and clamps as moetune.kernels.activations.
+    HAS_BIAS: the row's expert's gate/up bias ``b [E, 2I]`` is added before the clamp."""
     r = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
-    if tl.load(ids_ptr + r) < 0:
+    e = tl.load(ids_ptr + r)
+    if e < 0:
         return
     offs = g * GROUP + tl.arange(0, GROUP)
     ok = offs < inter
     gate = tl.load(gu_ptr + r * stride_gu + offs, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + r * stride_gu + inter + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:  # an id past the experts (undefined, caught by validate=True) reads no bias
+        b_row = b_ptr + e.to(tl.int64) * stride_be
+        b_ok = ok & (offs * 0 + e < experts)  # a block: the interpreter refuses scalar masks
+        gate += tl.load(b_row + offs * stride_bn, mask=b_ok, other=0.0).to(tl.float32)
+        up += tl.load(b_row + (inter + offs) * stride_bn, mask=b_ok, other=0.0).to(tl.float32)
     if HAS_LIMIT and ACTIVATION != 1:  # gelu_tanh takes no clamp
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -136,20 +144,28 @@ def act_quant(x: torch.Tensor, group: int = 128, *, k_order: str = "real",
 
 def swiglu_quant(gate_up: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, limit: float | None,
                  group: int = 128, *, k_order: str = "real", width: int | None = None,
-                 activation: str = "silu") -> tuple[torch.Tensor, torch.Tensor]:
+                 activation: str = "silu",
+                 bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``gate_up [R, 2I]`` (fp32 or bf16, math in fp32) and ``weights``, ``ids`` ``[R]`` ->
     ``(q e4m3 [R, W], scales fp32 [R, ceil(W / group)])`` of ``gated_activation(gate, up, activation,
     limit) * weight``, W = ``width`` >= I (default I, zeros past I); rows of inactive routes are left
-    unwritten. ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (W % 128 == 0, group 128)."""
+    unwritten. ``k_order="wgmma"`` stores ``q`` in the Gluon GEMM's K order (W % 128 == 0, group 128).
+    ``bias [E, 2I]`` (optional, any float dtype): row ``r`` adds ``bias[ids[r]]`` to its gate and up columns
+    before the clamp and the activation."""
     if activation not in _ACT_CODE:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     routes, two_i = gate_up.shape
     inter = two_i // 2
+    if bias is not None and (bias.dim() != 2 or bias.shape[1] != two_i or not bias.is_floating_point()):
+        raise ValueError(f"bias must be a float tensor [E, {two_i}] (2I of gate_up), got {bias.dtype} "
+                         f"{tuple(bias.shape)}")
     q, s, width, groups = _outputs(routes, inter, width, group, k_order, "intermediate", gate_up.device)
     if routes and width:
         _swiglu_quant_kernel[(routes, groups)](
-            gate_up, weights, ids, q, s, inter, width, 0.0 if limit is None else float(limit),
-            gate_up.stride(0), q.stride(0), s.stride(0), HAS_LIMIT=limit is not None, GROUP=group,
+            gate_up, weights, ids, bias, q, s, inter, width, 0.0 if limit is None else float(limit),
+            0 if bias is None else bias.shape[0], gate_up.stride(0),
+            *((0, 0) if bias is None else bias.stride()), q.stride(0), s.stride(0),
+            HAS_LIMIT=limit is not None, HAS_BIAS=bias is not None, GROUP=group,
             ROUND_FIRST=interpreter_active(), WGMMA_ORDER=k_order == "wgmma",
             ACTIVATION=_ACT_CODE[activation],
         )

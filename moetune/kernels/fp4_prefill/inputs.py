@@ -64,3 +64,18 @@ def check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
             raise ValueError(f"{name} is on {t.device}, x on {x.device}: all inputs must share a device")
     return e, inter, k1, k2
 
+
+
+def check_biases(w13_bias: Any, w2_bias: Any, experts: int, inter: int, hidden: int,
+                 device: torch.device) -> None:
+    """The optional expert biases: ``w13_bias [E, 2I]`` (gate columns, then up columns, as ``w13_packed``'s
+    rows) and ``w2_bias [E, H]``, each None or a float tensor on ``x``'s device. They are per output column,
+    so zero padding of the weights along K leaves their shapes alone."""
+    for name, b, cols, what in (("w13_bias", w13_bias, 2 * inter, "2I"), ("w2_bias", w2_bias, hidden, "H")):
+        if b is None:
+            continue
+        _tensor(name, b, _FLOATS, 2)
+        if tuple(b.shape) != (experts, cols):
+            raise ValueError(f"{name} must be [E, {what}] = [{experts}, {cols}], got {tuple(b.shape)}")
+        if b.device != device:
+            raise ValueError(f"{name} is on {b.device}, x on {device}: all inputs must share a device")

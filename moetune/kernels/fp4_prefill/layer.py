@@ -6,7 +6,8 @@ padded to whole M-blocks; the gate/up GEMM (A row = token) writes one fp32 row p
 route; one fused kernel applies the gated activation (silu, gelu_tanh or gpt-oss's
 swiglu, optional clamp) times the routing weight in fp32 and quantizes the result the
 same way; the down GEMM (A row = route) writes fp32 (config OUT_DTYPE "bf16": bf16)
-rows that are summed over top_k.
+rows that are summed over top_k. Optional expert biases live outside the GEMMs: the gate/up bias is added
+in the activation kernel, the down bias (times the routing weight) in the sum.
 Inactive routes (``topk_ids == -1``) are dropped by the alignment, so nothing of
 theirs is read and they contribute zero.
 """
@@ -23,7 +24,7 @@ from moetune.kernels.fp4_prefill import triton_gemm
 from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.kernels.fp4_prefill.align import Alignment, align_routes
 from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
-from moetune.kernels.fp4_prefill.inputs import check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)
@@ -100,7 +101,9 @@ def _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts: int) -> None:
 def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
-                    config: Mapping[str, Any] | None = None, validate: bool = False) -> torch.Tensor:
+                    config: Mapping[str, Any] | None = None, validate: bool = False,
+                    w13_bias: torch.Tensor | None = None,
+                    w2_bias: torch.Tensor | None = None) -> torch.Tensor:
     """Routed-expert MoE output ``[M, H]`` (dtype of ``x``) from MXFP4 expert banks.
 
     Args:
@@ -119,10 +122,15 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             GROUP_SIZE_M, num_warps, num_stages and the design switches DECODE, UNPACK
             (and A_LAYOUT for gate/up); a missing GEMM asks the tile picker.
         validate: also check id ranges and scale codes (syncs with the host).
+        w13_bias, w2_bias: optional per-expert biases (gpt-oss), bf16/fp16/fp32: ``[E, 2I]`` (gate columns,
+            then up columns) added to the gate/up GEMM's output before the clamp and activation, and
+            ``[E, H]`` added to the down GEMM's output (times the routing weight, as the rest of the route's
+            output). Neither is touched by K padding. None: that GEMM has no bias, and no kernel reads one.
     """
     experts, inter, k1, k2 = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                           topk_ids)
     check_activation(activation, swiglu_limit)
+    check_biases(w13_bias, w2_bias, experts, inter, x.shape[1], x.device)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k
@@ -147,12 +155,14 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
                  a_k_order=order["gate_up"])
     # Rows of inactive routes are never written here, nor read by the down GEMM.
-    hq, hs = swiglu_quant(gate_up, topk_weights.reshape(-1).float(), topk_ids.reshape(-1), swiglu_limit,
-                          k_order=order["down"], width=k2, activation=activation)
+    weights = topk_weights.reshape(-1).float()
+    hq, hs = swiglu_quant(gate_up, weights, topk_ids.reshape(-1), swiglu_limit, k_order=order["down"],
+                          width=k2, activation=activation, bias=w13_bias)
     bm_down = cfgs["down"]["BLOCK_SIZE_M"]
     align_dn = align_gu if bm_down == align_gu.block_m else align_routes(topk_ids, experts, bm_down)
     # inactive routes' rows: never read
     down = torch.empty(routes, h, dtype=OUT_DTYPES[cfgs["down"]["OUT_DTYPE"]], device=x.device)
     grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
                  a_k_order=order["down"])
-    return moe_sum(down, topk_ids, x.dtype)
+    return moe_sum(down, topk_ids, x.dtype, bias=w2_bias,
+                   topk_weights=None if w2_bias is None else weights.view(m, top_k))

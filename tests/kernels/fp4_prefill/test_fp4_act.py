@@ -119,15 +119,17 @@ def test_quantizers_compile_for_sm90_with_the_hardware_e4m3_conversion():
                      "const": {**common, "WGMMA_ORDER": order},
                      "types": {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"},
                      "options": {"num_warps": 4}})
-        jobs.append({"kernel": "moetune.kernels.fp4_prefill.act_quant._swiglu_quant_kernel",
-                     "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order,
-                               "ACTIVATION": 0},
-                     "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "q_ptr": "*fp8e4nv",
-                               "s_ptr": "*fp32", "limit": "fp32"},
-                     "options": {"num_warps": 4}})
+        for bias in (False, True):  # without a bias the launcher passes b_ptr None (a constexpr)
+            jobs.append({"kernel": "moetune.kernels.fp4_prefill.act_quant._swiglu_quant_kernel",
+                         "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True,
+                                   "WGMMA_ORDER": order, "ACTIVATION": 0, "HAS_BIAS": bias,
+                                   **({} if bias else {"b_ptr": None})},
+                         "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "b_ptr": "*bf16",
+                                   "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "limit": "fp32"},
+                         "options": {"num_warps": 4}})
     got = compile_sm90(jobs)
     if isinstance(got, str):
         pytest.skip(f"cannot compile for sm_90 here: {got}")
-    assert len(got) == 4
+    assert len(got) == 6
     for g in got:
         assert "cvt.rn.satfinite.e4m3x2.f32" in g["ptx"]

@@ -151,7 +151,7 @@ def test_activations_compile_for_sm90():
 
     jobs = [{"kernel": "moetune.kernels.fp4_prefill.act_quant._swiglu_quant_kernel",
              "const": {"GROUP": 128, "ROUND_FIRST": False, "HAS_LIMIT": True, "WGMMA_ORDER": order,
-                       "ACTIVATION": code},
+                       "ACTIVATION": code, "HAS_BIAS": False, "b_ptr": None},
              "types": {"gu_ptr": "*fp32", "w_ptr": "*fp32", "ids_ptr": "*i32", "q_ptr": "*fp8e4nv",
                        "s_ptr": "*fp32", "limit": "fp32"},
              "options": {"num_warps": 4}}
