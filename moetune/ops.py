@@ -62,17 +62,22 @@ def _parse(config: str) -> dict[str, Any] | None:
 def _fp8_decode_moe_op(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                        w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                        activation: str = "silu", swiglu_limit: float | None = None, config: str = "",
-                       fused: bool = False, validate: bool = False, pdl: bool | None = None) -> torch.Tensor:
+                       fused: bool = False, validate: bool = False, pdl: bool | None = None,
+                       active_share: float | None = None) -> torch.Tensor:
     from moetune.kernels.fp8_decode.layer import fp8_decode_moe as layer
 
     return layer(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation=activation,
-                 swiglu_limit=swiglu_limit, config=_parse(config), fused=fused, validate=validate, pdl=pdl)
+                 swiglu_limit=swiglu_limit, config=_parse(config), fused=fused, validate=validate, pdl=pdl,
+                 active_share=active_share)
 
 
 @_fp8_decode_moe_op.register_fake
 def _(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation="silu", swiglu_limit=None,
-      config="", fused=False, validate=False, pdl=None):
+      config="", fused=False, validate=False, pdl=None, active_share=None):
     from moetune.kernels.fp8_decode.layer import check_inputs
+    from moetune.kernels.rules import picked_routes
+
+    picked_routes(1, 1, active_share)  # the same refusal as the real op
 
     m, h, *_ = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, activation,
                              swiglu_limit)
@@ -83,13 +88,13 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                    activation: str = "silu", swiglu_limit: float | None = None,
                    config: Mapping[str, Any] | str | None = None, fused: bool = False, validate: bool = False,
-                   pdl: bool | None = None) -> torch.Tensor:
+                   pdl: bool | None = None, active_share: float | None = None) -> torch.Tensor:
     """:func:`moetune.kernels.fp8_decode.layer.fp8_decode_moe` through ``torch.ops.moetune.fp8_decode_moe``
     (same arguments; ``config`` also as its JSON text, see :func:`config_json`)."""
     return torch.ops.moetune.fp8_decode_moe(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                             activation=activation, swiglu_limit=swiglu_limit,
                                             config=config_json(config), fused=fused, validate=validate,
-                                            pdl=pdl)
+                                            pdl=pdl, active_share=active_share)
 
 
 # ---- fp4_prefill_moe ------------------------------------------------------------------------------
@@ -99,19 +104,22 @@ def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: to
                         topk_ids: torch.Tensor, w13_bias: torch.Tensor | None = None,
                         w2_bias: torch.Tensor | None = None, activation: str = "silu",
                         swiglu_limit: float | None = None, config: str = "",
-                        validate: bool = False) -> torch.Tensor:
+                        validate: bool = False, active_share: float | None = None) -> torch.Tensor:
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe as layer
 
     return layer(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation=activation,
                  swiglu_limit=swiglu_limit, config=_parse(config), validate=validate, w13_bias=w13_bias,
-                 w2_bias=w2_bias)
+                 w2_bias=w2_bias, active_share=active_share)
 
 
 @_fp4_prefill_moe_op.register_fake
 def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
-      activation="silu", swiglu_limit=None, config="", validate=False):
+      activation="silu", swiglu_limit=None, config="", validate=False, active_share=None):
     from moetune.kernels.activations import check_activation
     from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
+    from moetune.kernels.rules import picked_routes
+
+    picked_routes(1, 1, active_share)
 
     experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
     check_activation(activation, swiglu_limit)
@@ -123,15 +131,15 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | str | None = None, validate: bool = False,
-                    w13_bias: torch.Tensor | None = None,
-                    w2_bias: torch.Tensor | None = None) -> torch.Tensor:
+                    w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+                    active_share: float | None = None) -> torch.Tensor:
     """:func:`moetune.kernels.fp4_prefill.layer.fp4_prefill_moe` through
     ``torch.ops.moetune.fp4_prefill_moe`` (same arguments; ``config`` also as its JSON text; the optional
     biases are the op's ``Tensor?`` arguments after ``topk_ids``)."""
     return torch.ops.moetune.fp4_prefill_moe(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                              topk_ids, w13_bias, w2_bias, activation=activation,
                                              swiglu_limit=swiglu_limit, config=config_json(config),
-                                             validate=validate)
+                                             validate=validate, active_share=active_share)
 
 
 # ---- gather_rows_with_scales ----------------------------------------------------------------------

@@ -61,8 +61,9 @@ def test_schemas():
     schemas = {name: str(getattr(torch.ops.moetune, name).default._schema)
                for name in ("fp8_decode_moe", "fp4_prefill_moe", "gather_rows_with_scales")}
     assert "float? swiglu_limit=None, str config=\"\"" in schemas["fp8_decode_moe"]
-    assert schemas["fp8_decode_moe"].endswith("bool? pdl=None) -> Tensor")
-    assert schemas["fp4_prefill_moe"].endswith("str config=\"\", bool validate=False) -> Tensor")
+    assert schemas["fp8_decode_moe"].endswith("bool? pdl=None, float? active_share=None) -> Tensor")
+    assert schemas["fp4_prefill_moe"].endswith(
+        "str config=\"\", bool validate=False, float? active_share=None) -> Tensor")
     assert "Tensor topk_ids, Tensor? w13_bias=None, Tensor? w2_bias=None, str activation" in schemas[
         "fp4_prefill_moe"]
     assert schemas["gather_rows_with_scales"].endswith("-> (Tensor, Tensor)")

@@ -139,9 +139,10 @@ def bench_layer(model: ModelPreset, tp: int, tokens: Sequence[int], active: Sequ
                 on_progress: Callable[[int, int, str], None] | None = None) -> LayerBenchResult:
     """Per-GEMM and layer times of ``model`` at ``tp`` over ``tokens`` x ``active`` on the current GPU."""
     from moetune.kernels.fp8_decode.config import gemm_shapes
-    from moetune.kernels.fp8_decode.layer import decode_moe_into, layer_buffers, picked_routes, resolve_config
+    from moetune.kernels.fp8_decode.layer import decode_moe_into, layer_buffers, resolve_config
     from moetune.kernels.fp8_decode.pdl import resolve_pdl
     from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
+    from moetune.kernels.rules import picked_routes
     from moetune.routing import make_routes
 
     opts = opts or LayerBenchOptions()

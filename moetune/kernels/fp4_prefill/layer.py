@@ -26,6 +26,7 @@ from moetune.kernels.fp4_prefill.align import Alignment, align_routes
 from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
 from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
+from moetune.kernels.rules import picked_routes
 
 OUT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # a GEMM's per-route rows (config OUT_DTYPE)
 # Scale codes each decode handles exactly (see triton_gemm).
@@ -102,8 +103,8 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                     w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | None = None, validate: bool = False,
-                    w13_bias: torch.Tensor | None = None,
-                    w2_bias: torch.Tensor | None = None) -> torch.Tensor:
+                    w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+                    active_share: float | None = None) -> torch.Tensor:
     """Routed-expert MoE output ``[M, H]`` (dtype of ``x``) from MXFP4 expert banks.
 
     Args:
@@ -122,6 +123,9 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             GROUP_SIZE_M, num_warps, num_stages and the design switches DECODE, UNPACK
             (and A_LAYOUT for gate/up); a missing GEMM asks the tile picker.
         validate: also check id ranges and scale codes (syncs with the host).
+        active_share: the share of top-k slots the deployment expects active, a static hint: tiles are
+            picked for that many active routes (:func:`moetune.kernels.rules.picked_routes`); the result
+            does not depend on it.
         w13_bias, w2_bias: optional per-expert biases (gpt-oss), bf16/fp16/fp32: ``[E, 2I]`` (gate columns,
             then up columns) added to the gate/up GEMM's output before the clamp and activation, and
             ``[E, H]`` added to the down GEMM's output (times the routing weight, as the rest of the route's
@@ -135,7 +139,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     top_k = topk_ids.shape[1]
     routes = m * top_k
     shapes = gemm_shapes(experts, h, inter, top_k, gate_up_k=k1, down_k=k2)
-    cfgs = _configs(config, shapes, routes)
+    cfgs = _configs(config, shapes, picked_routes(m, top_k, active_share))
     if validate:
         _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts)
     if m == 0:

@@ -36,6 +36,7 @@ from moetune.kernels.fp8_decode.epilogue import (
 )
 from moetune.kernels.fp8_decode.gemm import fp8_block_gemm
 from moetune.kernels.fp8_decode.pdl import resolve_pdl
+from moetune.kernels.rules import picked_routes
 from moetune.quant.fp8_block import FP8_DTYPE
 
 ACT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -130,18 +131,6 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
             out[gemm] = check_gemm_config(pick_config(f"fp8_decode.{gemm}", shapes[gemm], routes),
                                           f"picked config for fp8_decode.{gemm}")
     return out
-
-
-def picked_routes(tokens: int, top_k: int, active_share: float | None = None) -> int:
-    """The route count the layer asks the tile picker for: every route, or the ones ``active_share``
-    (the deployment's static expectation of the active share of the top-k slots) says are active.
-    The tables are keyed on active routes; launches still cover every route."""
-    if active_share is None:
-        return tokens * top_k
-    if isinstance(active_share, bool) or not isinstance(active_share, (int, float)) \
-            or not 0 <= active_share <= 1:
-        raise ValueError(f"active_share must be None or a number in [0, 1], got {active_share!r}")
-    return round(tokens * top_k * active_share)
 
 
 def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,

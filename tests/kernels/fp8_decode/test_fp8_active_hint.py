@@ -1,0 +1,40 @@
+"""The static active-share hint: the picker is asked for the active routes; the result never changes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moetune.kernels.fp8_decode import layer as layer_mod
+from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
+from moetune.quant import quantize_fp8_block
+
+
+def _layer(device, m=4, top_k=4, e=6):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(m, 256, generator=g).to(device, torch.bfloat16)
+    w13, s13 = quantize_fp8_block(torch.randn(e, 256, 256, generator=g).to(device) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(e, 256, 128, generator=g).to(device) * 0.05)
+    ids = torch.randperm(e, generator=g)[:top_k].repeat(m, 1).to(device, torch.int32)
+    ids[:, 1:] = -1  # a quarter of the slots active
+    rw = torch.rand(m, top_k, generator=g).to(device)
+    return x, w13, s13, w2, s2, rw, ids
+
+
+@pytest.mark.parametrize("hint,asked", [(None, 16), (0.25, 4), (0.0, 0)])
+def test_the_picker_is_asked_for_the_hinted_active_routes(monkeypatch, hint, asked, device):
+    import moetune.tables.picker as picker
+
+    seen = []
+    real = picker.pick_config
+    monkeypatch.setattr(picker, "pick_config", lambda k, s, r, **kw: seen.append(r) or real(k, s, r, **kw))
+    args = _layer(device)
+    out = layer_mod.fp8_decode_moe(*args, active_share=hint)
+    assert seen == [asked, asked]  # both GEMMs
+    ref = fp8_decode_moe_reference(*args).float()
+    assert ((out.float() - ref).norm() / ref.norm()) < 1e-2
+
+
+def test_a_bad_hint_is_refused_naming_it(device):
+    with pytest.raises(ValueError, match="active_share"):
+        layer_mod.fp8_decode_moe(*_layer(device), active_share=2)
