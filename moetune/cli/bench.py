@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -91,11 +92,14 @@ def bench(
                                              "launches on their own weights, median of --replays)")] = False,
     copies: Annotated[int, typer.Option(help="--layer: launches per graph, each on its own weights")] = 16,
     replays: Annotated[int, typer.Option(help="--layer: graph replays timed (median kept)")] = 60,
+    hint: Annotated[bool, typer.Option(help="--layer: tell the layer each point's active share "
+                                            "(active_share), else tiles are picked for every route")] = True,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
     if layer:
-        _bench_layer(model, tp, tokens, active, seed, copies, replays, markdown, csv, quiet)
+        _bench_layer(model, tp, tokens, active, seed, LayerOptions(copies, replays, hint), markdown, csv,
+                     quiet)
         return
     from moetune.tuner.backends.process import Runner
     from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
@@ -135,8 +139,15 @@ def bench(
                 console.print(f"wrote {write(path)}", highlight=False, soft_wrap=True)
 
 
-def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, seed: int, copies: int,
-                 replays: int, markdown: Path | None, csv: Path | None, quiet: bool) -> None:
+@dataclass(frozen=True)
+class LayerOptions:
+    copies: int
+    replays: int
+    hint: bool
+
+
+def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, seed: int,
+                 lo: LayerOptions, markdown: Path | None, csv: Path | None, quiet: bool) -> None:
     from moetune.models import get_model
     from moetune.tuner.bench import _writable, markdown_table
     from moetune.tuner.layer_bench import LayerBenchOptions, bench_layer
@@ -145,7 +156,7 @@ def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | N
         if model is None:
             raise ValueError("--layer needs --model")
         preset = get_model(model)
-        opts = LayerBenchOptions(copies=copies, replays=replays, seed=seed)
+        opts = LayerBenchOptions(copies=lo.copies, replays=lo.replays, seed=seed, hint=lo.hint)
         for path, option in ((markdown, "--markdown"), (csv, "--csv")):
             if path is not None:
                 _writable(path, option)
@@ -154,7 +165,7 @@ def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | N
         with progress("bench --layer", "making weight copies", quiet) as on_progress:
             result = bench_layer(preset, tp, token_list, shares, opts, on_progress=on_progress)
     t = Table(title=f"fp8 decode {preset.name} TP{tp} on {result.device}: us per launch, graph of "
-                    f"{copies}, median of {replays}", title_justify="left")
+                    f"{lo.copies}, median of {lo.replays}", title_justify="left")
     for col in ("tokens", "active", "gate/up us", "down us", "layer us", "layer error"):
         t.add_column(col, justify="right")
     for r in result.rows:

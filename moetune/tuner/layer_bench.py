@@ -13,7 +13,7 @@ them on the device.
 
 The layer picks its tiles for the active routes it is told to expect (``active_share``); a point whose
 routing is partly inactive is timed with the hint set to its true share, as a deployment that knows it
-would launch it.
+would launch it (``hint=False``: picked for every route, as without the hint).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class LayerBenchOptions:
     replays: int = 60  # timed graph replays; the median is kept
     warmup: int = 3
     seed: int = 0
+    hint: bool = True  # the layer told the point's active share (``active_share``); False: picked for all
 
     def __post_init__(self) -> None:
         for name in ("copies", "replays"):
@@ -161,7 +162,7 @@ def bench_layer(model: ModelPreset, tp: int, tokens: Sequence[int], active: Sequ
     for n, (t, f) in enumerate(points):
         if on_progress is not None:
             on_progress(n, len(points), f"t{t} a{f:g}")
-        cfg = resolve_config(None, shapes, picked_routes(t, model.top_k, f))
+        cfg = resolve_config(None, shapes, picked_routes(t, model.top_k, f if opts.hint else None))
         runs, ref_args = [], None
         for c in copies:
             ids, rw = make_routes(t, model.top_k, e, active_fraction=f, generator=gen, device="cuda",
