@@ -68,10 +68,10 @@ def test_every_allowed_candidate_is_exact_on_a_tiny_problem(device):
         assert SPEC.error(inputs.outputs, expected) == 0.0, config
 
 
-def test_bytes_moved_counts_distinct_reads_every_write_and_the_map():
+def test_bytes_moved_counts_distinct_reads_every_write_and_the_map(device):
     k, g = 896, 7
     problem = SPEC.problem({"E": 8, "K": k, "top_k": 2}, tokens=5)
-    idx = torch.tensor([0, 0, 3, 3, 3, 1], dtype=torch.int64)
+    idx = torch.tensor([0, 0, 3, 3, 3, 1], dtype=torch.int64, device=device)
     inputs = Inputs({"dst2src": idx}, ())
     assert group_count(k) == g
     assert SPEC.bytes_moved(problem, inputs) == 3 * (k + 4 * g) + 6 * (k + 4 * g + 8)

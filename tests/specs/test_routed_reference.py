@@ -10,8 +10,8 @@ from moetune.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from moetune.specs import _routed_reference as R
 
 
-def _weights(kind, e, n, k):
-    w = torch.randn(e, n, k, generator=torch.Generator().manual_seed(1))
+def _weights(kind, e, n, k, device="cpu"):
+    w = torch.randn(e, n, k, generator=torch.Generator(device).manual_seed(1), device=device)
     if kind == "fp8":
         q, s = quantize_fp8_block(w)
         return {"w": q, "w_scale": s}, dequantize_fp8_block
@@ -22,16 +22,18 @@ def _weights(kind, e, n, k):
 @pytest.mark.parametrize("kind", ["fp8", "fp4"])
 @pytest.mark.parametrize("row_div", [1, 2])
 @pytest.mark.parametrize(("small", "chunks"), [(16, [2, 2]), (1, [2, 1, 1])])
-def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, kind, row_div, small, chunks):
+def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, kind, row_div, small, chunks,
+                                                                  device):
     """Experts with few rows share a padded batched matmul, the others get their own (``small``: where
     the line is; 1 puts experts 0, 3 and 5 on their own and expert 1 in a batch)."""
     monkeypatch.setattr(R, "SMALL", small)
     e, n, k, routes = 6, 48, 160 if kind == "fp8" else 128, 10
-    weights, dequant = _weights(kind, e, n, k)
-    ids = torch.tensor([3, -1, 0, 3, 5, 5, -1, 1, 3, 0])  # repeats, gaps (experts 2 and 4), inactive routes
-    a = torch.randn(routes // row_div, k, generator=torch.Generator().manual_seed(2))
+    weights, dequant = _weights(kind, e, n, k, device)
+    # repeats, gaps (experts 2 and 4), inactive routes
+    ids = torch.tensor([3, -1, 0, 3, 5, 5, -1, 1, 3, 0], device=device)
+    a = torch.randn(routes // row_div, k, generator=torch.Generator(device).manual_seed(2), device=device)
     full = dequant(weights["w"], weights["w_scale"]).float()
-    expect = torch.zeros(routes, n)
+    expect = torch.zeros(routes, n, device=device)
     for r, i in enumerate(ids.tolist()):
         if i >= 0:
             expect[r] = a[r // row_div] @ full[i].T
