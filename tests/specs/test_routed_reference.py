@@ -51,7 +51,7 @@ def test_cached_and_chunked_paths_match_a_route_by_route_product(monkeypatch, ki
     assert calls == chunks  # the 4 routed experts (0, 1, 3, 5), two at a time; experts 2 and 4 never read
 
 
-def test_fp4_reference_inputs_are_exact_in_tf32():
+def test_fp4_reference_inputs_are_exact_in_tf32(device):
     """Why the fp4 spec's reference may run TF32 matmuls: its activations (e4m3 codes times power-of-two
     scales) and weights (e2m1 codes times UE8M0 scales) lose nothing when cut to TF32's 10 mantissa bits,
     so the products, accumulated in fp32, are the fp32 ones. fp8 block weights (times an fp32 scale) are
@@ -61,13 +61,14 @@ def test_fp4_reference_inputs_are_exact_in_tf32():
     def tf32(x):
         return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
 
-    gen = torch.Generator().manual_seed(3)
-    x = torch.randn(64, 512, generator=gen) * torch.logspace(-6, 3, 512)  # magnitudes over nine decades
+    gen = torch.Generator(device).manual_seed(3)
+    x = torch.randn(64, 512, generator=gen, device=device)
+    x = x * torch.logspace(-6, 3, 512, device=device)  # magnitudes over nine decades
     a = dequantize_fp8_act(*quantize_fp8_act(x))
-    weights, dequant = _weights("fp4", 4, 64, 512)
+    weights, dequant = _weights("fp4", 4, 64, 512, device)
     w = dequant(weights["w"], weights["w_scale"]).float()
     assert torch.equal(tf32(a), a) and torch.equal(tf32(w), w)
-    fp8, fp8_dequant = _weights("fp8", 2, 128, 256)
+    fp8, fp8_dequant = _weights("fp8", 2, 128, 256, device)
     w8 = fp8_dequant(fp8["w"], fp8["w_scale"]).float()
     assert not torch.equal(tf32(w8), w8)
 
