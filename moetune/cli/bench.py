@@ -86,9 +86,17 @@ def bench(
     kernel_only: Annotated[bool, typer.Option(help="time each op's kernel alone: its route alignment and "
                                                     "activation split made beforehand, as a layer "
                                                     "shares or fuses them (per-kernel figures)")] = False,
+    layer: Annotated[bool, typer.Option(help="fp8 decode: each GEMM alone and the whole layer with the "
+                                             "picked tiles, by the peers' method (CUDA graph of --copies "
+                                             "launches on their own weights, median of --replays)")] = False,
+    copies: Annotated[int, typer.Option(help="--layer: launches per graph, each on its own weights")] = 16,
+    replays: Annotated[int, typer.Option(help="--layer: graph replays timed (median kept)")] = 60,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
+    if layer:
+        _bench_layer(model, tp, tokens, active, seed, copies, replays, markdown, csv, quiet)
+        return
     from moetune.tuner.backends.process import Runner
     from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
 
@@ -125,3 +133,39 @@ def bench(
         for path, write in ((markdown, result.write_markdown), (csv, result.write_csv)):
             if path is not None:
                 console.print(f"wrote {write(path)}", highlight=False, soft_wrap=True)
+
+
+def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, seed: int, copies: int,
+                 replays: int, markdown: Path | None, csv: Path | None, quiet: bool) -> None:
+    from moetune.models import get_model
+    from moetune.tuner.bench import _writable, markdown_table
+    from moetune.tuner.layer_bench import LayerBenchOptions, bench_layer
+
+    with user_errors():
+        if model is None:
+            raise ValueError("--layer needs --model")
+        preset = get_model(model)
+        opts = LayerBenchOptions(copies=copies, replays=replays, seed=seed)
+        for path, option in ((markdown, "--markdown"), (csv, "--csv")):
+            if path is not None:
+                _writable(path, option)
+        token_list = split_list(tokens, int) or [1, 2, 4, 8, 16, 32, 64, 128]
+        shares = split_list(active, float) or [1.0]
+        with progress("bench --layer", "making weight copies", quiet) as on_progress:
+            result = bench_layer(preset, tp, token_list, shares, opts, on_progress=on_progress)
+    t = Table(title=f"fp8 decode {preset.name} TP{tp} on {result.device}: us per launch, graph of "
+                    f"{copies}, median of {replays}", title_justify="left")
+    for col in ("tokens", "active", "gate/up us", "down us", "layer us", "layer error"):
+        t.add_column(col, justify="right")
+    for r in result.rows:
+        t.add_row(str(r.tokens), f"{r.active_fraction:g}", f"{r.gate_up_us:.2f}", f"{r.down_us:.2f}",
+                  f"{r.layer_us:.2f}", f"{r.error:.2e}")
+    console.print(t)
+    df = result.frame()
+    with user_errors():
+        if csv is not None:
+            df.to_csv(csv, index=False)
+            console.print(f"wrote {csv}", highlight=False, soft_wrap=True)
+        if markdown is not None:
+            markdown.write_text(f"Device: {result.device}\n\n{markdown_table(df)}\n")
+            console.print(f"wrote {markdown}", highlight=False, soft_wrap=True)

@@ -45,11 +45,11 @@ def _gated_act_kernel(
     gu_ptr, out_ptr, ids_ptr, hi_ptr, lo_ptr, sa_ptr, I, CHUNKS_TOTAL, stride_gs, stride_gm, stride_om,
     stride_hm, stride_sam, limit,
     SPLITS: tl.constexpr, ACTIVATION: tl.constexpr, HAS_LIMIT: tl.constexpr, BLOCK: tl.constexpr,
-    SPLIT_OUT: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_OUT: tl.constexpr, FILL_INACTIVE: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[r] = act(gate, up), gate/up = the sum of the gate/up GEMM's SPLITS partials [.., :I] / [.., I:];
-    inactive routes get zeros, unread. Formulas as in moetune.kernels.activations
-    (0 silu, 1 gelu_tanh, 2 swiglu).
+    inactive routes get zeros (nothing without FILL_INACTIVE), unread. Formulas as in
+    moetune.kernels.activations (0 silu, 1 gelu_tanh, 2 swiglu).
 
     SPLIT_OUT also writes A_FP8 2's split of ``out`` (``split._split_rows_kernel``'s terms of the values as
     stored, to the bit) into hi, lo [R, I] and sa [R, chunks]: the down GEMM's input without a launch
@@ -59,7 +59,11 @@ def _gated_act_kernel(
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < I
     out_ptrs = out_ptr + r.to(tl.int64) * stride_om + offs
-    if tl.load(ids_ptr + r) < 0:
+    e = tl.load(ids_ptr + r)
+    if not FILL_INACTIVE:
+        if e < 0:
+            return
+    if e < 0:
         v = tl.zeros([BLOCK], tl.float32)
     else:
         row = gu_ptr + r.to(tl.int64) * stride_gm
@@ -210,9 +214,10 @@ def fused_down_sum(act: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor, 
 
 def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.Tensor, activation: str,
                           limit: float | None = None, pdl: bool = False,
-                          split: SplitRows | None = None) -> torch.Tensor:
-    """``out [R, I] = act(gate, up)`` per active route, zeros for inactive ones; ``gu`` is the gate/up
-    output, [R, 2I] or [splits, R, 2I] partial sums. ``split`` (hi, lo, sa, checked as
+                          split: SplitRows | None = None, fill_inactive: bool = True) -> torch.Tensor:
+    """``out [R, I] = act(gate, up)`` per active route, zeros for inactive ones (with
+    ``fill_inactive=False`` their rows are left as they are: the down GEMM never reads them); ``gu`` is
+    the gate/up output, [R, 2I] or [splits, R, 2I] partial sums. ``split`` (hi, lo, sa, checked as
     ``split_fp8_rows``' ``out``) also receives ``split_fp8_rows(out)``, bit for bit, in the same launch."""
     routes, inter = out.shape
     parts = gu if gu.dim() == 3 else gu.unsqueeze(0)
@@ -232,7 +237,7 @@ def gated_activation_rows(gu: torch.Tensor, topk_ids: torch.Tensor, out: torch.T
             parts.stride(0), parts.stride(1), out.stride(0), hi.stride(0), sa.stride(0),
             float(limit) if limit is not None else 0.0, SPLITS=parts.shape[0],
             ACTIVATION=_ACT_CODE[activation], HAS_LIMIT=limit is not None, BLOCK=block,
-            SPLIT_OUT=split is not None, num_warps=4, **pdl_args(pdl))
+            SPLIT_OUT=split is not None, FILL_INACTIVE=fill_inactive, num_warps=4, **pdl_args(pdl))
     return out
 
 

@@ -18,9 +18,10 @@ routing weight). ``fp8_block_gemm`` picks the kernel from the config:
 
 What each switch is for, and its measurements: docs/kernels/fp8_decode.md, under the switch's name.
 
-Inactive routes (``topk_ids == -1``) cost nothing: a route program writes zeros to its output tile and
-returns before reading activations, weights, scales or routing weights; the grouped path never places
-them in a block, and extra programs write their zero rows. Launch shapes depend only on the shapes and
+Inactive routes (``topk_ids == -1``) cost nothing: a route program writes zeros to its output tile (or,
+for the layer, whose consumers skip those rows, nothing: ``fill_inactive=False``) and returns before
+reading activations, weights, scales or routing weights; the grouped path never places them in a block,
+and extra programs write their zero rows. Launch shapes depend only on the shapes and
 the config, never on the routing, so every launch replays from one CUDA graph while the routing changes.
 """
 
@@ -115,7 +116,8 @@ def _route_gemm_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
     stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_ITERS, PREFETCH: tl.constexpr, GEMV_STAGES: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, PREFETCH: tl.constexpr, GEMV_STAGES: tl.constexpr, FILL_INACTIVE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[split, r, n] = rw[r] * sum over the split's K range of a[r // A_ROW_DIV, k] * w[ids[r], n, k]
     * scale. A_ROW_DIV (top_k for gate/up, 1 for down) is a constexpr so that no program divides at run
@@ -130,7 +132,8 @@ def _route_gemm_kernel(
     out_ptrs = out_ptr + pid_k * stride_os + r.to(tl.int64) * stride_om + offs_n
     e = tl.load(ids_ptr + r)
     if e < 0:
-        tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
+        if FILL_INACTIVE:
+            tl.store(out_ptrs, tl.zeros([BLOCK_SIZE_N], tl.float32), mask=n_mask)
         return
     e64 = e.to(tl.int64)
     a_row = a_ptr + (r // A_ROW_DIV).to(tl.int64) * stride_am
@@ -298,7 +301,7 @@ def _grouped_gemm_kernel(
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
     BLOCK_SIZE_K: tl.constexpr, SPLIT_ITERS, SWAP_AB: tl.constexpr, DOT_FP32: tl.constexpr,
-    A_FP8: tl.constexpr, W_TMA: tl.constexpr, PDL: tl.constexpr,
+    A_FP8: tl.constexpr, W_TMA: tl.constexpr, FILL_INACTIVE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Expert-grouped product: program (m, n tile, K split) takes M block m of ``align_routes``' sorted
     route ids (NUM_BLOCKS blocks); blocks past the used ones exit at once, and programs past NUM_BLOCKS
@@ -310,7 +313,7 @@ def _grouped_gemm_kernel(
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     n_mask = offs_n < N
     out_split = out_ptr + pid_k * stride_os
-    if pid_m >= NUM_BLOCKS:
+    if FILL_INACTIVE and pid_m >= NUM_BLOCKS:
         _zero_inactive_rows(ids_ptr, out_split, pid_m - NUM_BLOCKS, R, offs_n, n_mask, stride_om,
                             BLOCK_SIZE_M, BLOCK_SIZE_N)
         return
@@ -331,7 +334,8 @@ def _route_dot_kernel(
     stride_am, stride_ak, stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
     stride_sk, stride_os, stride_om,
     APPLY_WEIGHT: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    SPLIT_ITERS, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, W_TMA: tl.constexpr, PDL: tl.constexpr,
+    SPLIT_ITERS, DOT_FP32: tl.constexpr, A_FP8: tl.constexpr, W_TMA: tl.constexpr,
+    FILL_INACTIVE: tl.constexpr, PDL: tl.constexpr,
 ):
     """The route grid on tensor cores (A_FP8 1 or 2): program (route, N tile, K split) runs ``_block_tile``
     with its one route in column 0 of a 16-wide block (the other columns masked off: MMA work is free at
@@ -345,8 +349,9 @@ def _route_dot_kernel(
     out_split = out_ptr + pid_k * stride_os
     e = tl.load(ids_ptr + r)
     if e < 0:
-        tl.store(out_split + r.to(tl.int64) * stride_om + offs_n, tl.zeros([BLOCK_SIZE_N], tl.float32),
-                 mask=n_mask)
+        if FILL_INACTIVE:
+            tl.store(out_split + r.to(tl.int64) * stride_om + offs_n, tl.zeros([BLOCK_SIZE_N], tl.float32),
+                     mask=n_mask)
         return
     lanes = tl.arange(0, 16)
     _block_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_split, e, r + lanes * 0, lanes == 0,
@@ -369,7 +374,8 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
                    out: torch.Tensor, config: Mapping[str, Any], *, a_row_div: int = 1,
                    topk_weights: torch.Tensor | None = None,
                    aligned: tuple[torch.Tensor, torch.Tensor] | None = None,
-                   a_split: SplitRows | None = None, pdl: bool = False) -> torch.Tensor:
+                   a_split: SplitRows | None = None, pdl: bool = False,
+                   fill_inactive: bool = True) -> torch.Tensor:
     """``out[r, :] = (topk_weights[r] *) a[r // a_row_div] @ dequant(w[topk_ids[r]]).T`` for every route r.
 
     Inputs are assumed checked (``fp8_decode_moe`` or the spec does that). ``out`` is fp32, either
@@ -379,7 +385,10 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
 
     A_FP8 2 runs ``split_fp8_rows(a)`` first (one launch more), unless ``a_split`` gives that split of
     ``a`` (checked: shapes, dtypes; ValueError naming it); ``a_split`` with another A_FP8 is a ValueError.
-    ``pdl``: every launch here uses programmatic dependent launch (``pdl_enter``)."""
+    ``pdl``: every launch here uses programmatic dependent launch (``pdl_enter``).
+    ``fill_inactive=False`` leaves the rows of inactive routes undefined, for consumers that skip them
+    (the layer's): an all-inactive launch then writes nothing, and the grouped grid has no zeroing
+    programs."""
     cfg = check_gemm_config(config)
     if a_split is not None:
         if cfg["A_FP8"] != 2:
@@ -389,7 +398,8 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     if out.dim() == 2 and split > 1:
         partials = torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
         fp8_block_gemm(a, w, w_scale, topk_ids, partials, cfg, a_row_div=a_row_div,
-                       topk_weights=topk_weights, aligned=aligned, a_split=a_split, pdl=pdl)
+                       topk_weights=topk_weights, aligned=aligned, a_split=a_split, pdl=pdl,
+                       fill_inactive=fill_inactive)
         return torch.sum(partials, dim=0, out=out)
     parts = out if out.dim() == 3 else out.unsqueeze(0)
     if parts.shape[0] != split or parts.stride(2) != 1:
@@ -404,7 +414,8 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
     iters = triton.cdiv(triton.cdiv(k, cfg["BLOCK_SIZE_K"]), split)  # K blocks per split
     common = dict(APPLY_WEIGHT=topk_weights is not None, BLOCK_SIZE_N=cfg["BLOCK_SIZE_N"],
                   BLOCK_SIZE_K=cfg["BLOCK_SIZE_K"], SPLIT_ITERS=iters,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(pdl))
+                  FILL_INACTIVE=fill_inactive, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                  **pdl_args(pdl))
     w_strides = (*w.stride(), *w_scale.stride(), parts.stride(0), parts.stride(1))
     n_tiles = triton.cdiv(n, cfg["BLOCK_SIZE_N"])
     a_mode = cfg["A_FP8"]
@@ -435,7 +446,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
         aligned = align_routes(ids, w.shape[0], cfg["BLOCK_SIZE_M"], pdl=pdl)
     sorted_ids, block_expert = aligned
     nb = block_expert.numel()
-    zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"])
+    zero_programs = triton.cdiv(routes, cfg["BLOCK_SIZE_M"]) if fill_inactive else 0
     _grouped_gemm_kernel[(nb + zero_programs, n_tiles, split)](
         *a_args, w_arg, w_scale, ids, sorted_ids, block_expert, rw, parts, n, k, routes, nb, a_row_div,
         *a_strides, *w_strides, BLOCK_SIZE_M=cfg["BLOCK_SIZE_M"], SWAP_AB=bool(cfg["SWAP_AB"]),

@@ -132,11 +132,23 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
     return out
 
 
+def picked_routes(tokens: int, top_k: int, active_share: float | None = None) -> int:
+    """The route count the layer asks the tile picker for: every route, or the ones ``active_share``
+    (the deployment's static expectation of the active share of the top-k slots) says are active.
+    The tables are keyed on active routes; launches still cover every route."""
+    if active_share is None:
+        return tokens * top_k
+    if isinstance(active_share, bool) or not isinstance(active_share, (int, float)) \
+            or not 0 <= active_share <= 1:
+        raise ValueError(f"active_share must be None or a number in [0, 1], got {active_share!r}")
+    return round(tokens * top_k * active_share)
+
+
 def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, w2: torch.Tensor,
                    w2_scale: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                    activation: str = "silu", swiglu_limit: float | None = None,
                    config: Mapping[str, Any] | None = None, fused: bool = False, validate: bool = False,
-                   pdl: bool | None = None) -> torch.Tensor:
+                   pdl: bool | None = None, active_share: float | None = None) -> torch.Tensor:
     """MoE layer output ``[M, H]`` in x's dtype for block-FP8 experts; routes with id -1 contribute 0.
 
     Shapes: x [M, H]; w13 [E, 2I, H] fp8 (gate rows, then up rows); w13_scale [E, ceil(2I/128),
@@ -154,13 +166,17 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
     interpreter): each waits for the previous kernel's writes at its start and lets the next one launch
     right after, so at decode the launches overlap instead of following each other. ``None`` (default):
     on for sm_90 and newer (docs/kernels/fp8_decode.md, PDL).
+
+    ``active_share``: the share of top-k slots the deployment expects active (hybrid offload knows it),
+    a static hint: the picker chooses tiles for that many active routes (``picked_routes``) instead of
+    all of them. The result is exact whatever the routing; only speed depends on the hint.
     """
     m, h, e, inter, top_k = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                          activation, swiglu_limit)
     pdl = resolve_pdl(pdl, x)
     dtype = _dtype_name(x.dtype)
     shapes = gemm_shapes(e, h, inter, top_k, dtype)
-    cfg = resolve_config(config, shapes, m * top_k, fused)
+    cfg = resolve_config(config, shapes, picked_routes(m, top_k, active_share), fused)
     if validate and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < -1 or hi >= e:
@@ -215,11 +231,12 @@ def decode_moe_into(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, con
         fused_gate_up_act(x, w13, w13_scale, ids, act, config["gate_up"], activation, swiglu_limit, pdl=pdl)
     else:
         fp8_block_gemm(x, w13, w13_scale, ids, gu, config["gate_up"], a_row_div=top_k,
-                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl)
-        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl, split=split)
+                       aligned=aligned.get(config["gate_up"]["BLOCK_SIZE_M"]), pdl=pdl, fill_inactive=False)
+        gated_activation_rows(gu, ids, act, activation, swiglu_limit, pdl=pdl, split=split,
+                              fill_inactive=False)
     if config["down"].get("FUSE"):
         return fused_down_sum(act, w2, w2_scale, ids, rw, buffers["out"], config["down"], pdl=pdl)
     fp8_block_gemm(act, w2, w2_scale, ids, buffers["down"], config["down"], topk_weights=rw,
                    aligned=aligned.get(config["down"]["BLOCK_SIZE_M"]),
-                   a_split=split, pdl=pdl)
+                   a_split=split, pdl=pdl, fill_inactive=False)
     return sum_topk(buffers["down"], ids, buffers["out"], pdl=pdl)
