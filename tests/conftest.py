@@ -13,10 +13,25 @@ if not os.environ.get("MOETUNE_TEST_GPU"):
 
 import torch  # noqa: E402
 
+# Where kernels run in this suite: the GPU when asked for, else the CPU interpreter. Module-level
+# helpers that build tensors outside a test (shared layer builders, module-scoped fixtures) import it.
+DEVICE = "cuda" if os.environ.get("MOETUNE_TEST_GPU") else "cpu"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "interpreter: checks the Triton interpreter itself (skipped on the GPU)"
+    )
+
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available() and os.environ.get("MOETUNE_TEST_GPU"):
-        return
+    if DEVICE == "cuda":
+        skip = pytest.mark.skip(reason="checks the Triton interpreter (runs without MOETUNE_TEST_GPU)")
+        for item in items:
+            if "interpreter" in item.keywords:
+                item.add_marker(skip)
+        if torch.cuda.is_available():
+            return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (set MOETUNE_TEST_GPU=1 on a GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
@@ -26,4 +41,4 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     """Where kernels run in this suite: the GPU when asked for, else the CPU interpreter."""
-    return "cuda" if os.environ.get("MOETUNE_TEST_GPU") else "cpu"
+    return DEVICE

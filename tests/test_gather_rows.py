@@ -19,10 +19,10 @@ DTYPES = [torch.float8_e4m3fn, torch.float8_e5m2, torch.int8, torch.uint8]
 
 
 def make(m, k, dtype=torch.float8_e4m3fn, seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8).view(dtype)
-    scales = torch.randn(m, group_count(k), generator=g)
-    return q.to(device), scales.to(device)
+    g = torch.Generator(device).manual_seed(seed)
+    q = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8, device=device).view(dtype)
+    scales = torch.randn(m, group_count(k), generator=g, device=device)
+    return q, scales
 
 
 def bytes_of(t):
@@ -43,8 +43,8 @@ def assert_gathered(got, q, scales, idx):
 @pytest.mark.parametrize("k", [64, 128, 896, 2048, 7168])
 def test_matches_torch_indexing_for_every_width(k, device):
     q, scales = make(7, k, DTYPES[k % 4], seed=k, device=device)
-    idx = torch.randint(0, 7, (13,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
-    idx = idx.to(device)
+    idx = torch.randint(0, 7, (13,), generator=torch.Generator(device).manual_seed(1), dtype=torch.int32,
+                        device=device)
     assert len(set(idx.tolist())) < idx.numel()  # duplicate sources, as routing produces
     assert_gathered(gather_rows_with_scales(q, scales, idx, config=FAST), q, scales, idx)
 
@@ -70,19 +70,20 @@ def test_dtypes_and_index_dtypes(dtype, index_dtype, device):
 ])
 def test_configs_with_routed_map(config, device):
     """The real map: tokens sorted by expert, each repeated once per expert it routes to."""
-    ids, _ = make_routes(9, 3, 8, generator=torch.Generator().manual_seed(3))
-    idx = sorted_dst2src(ids).to(device)
+    ids, _ = make_routes(9, 3, 8, generator=torch.Generator(device).manual_seed(3), device=device)
+    idx = sorted_dst2src(ids)
     q, scales = make(9, 640, device=device)
     assert_gathered(gather_rows_with_scales(q, scales, idx, config=config), q, scales, idx)
 
 
 def test_nan_and_inf_byte_patterns_survive(device):
     k = 256
-    q = torch.tensor([0x7F, 0xFF, 0x7C, 0xFC, 0x7E, 0x80, 0x00, 0x01] * (k // 8), dtype=torch.uint8)
-    q = torch.stack([q, q.flip(0)]).view(torch.float8_e4m3fn).to(device)
+    q = torch.tensor([0x7F, 0xFF, 0x7C, 0xFC, 0x7E, 0x80, 0x00, 0x01] * (k // 8), dtype=torch.uint8,
+                     device=device)
+    q = torch.stack([q, q.flip(0)]).view(torch.float8_e4m3fn)
     # NaNs with payloads, +inf, a negative denormal
-    special = torch.tensor([[0x7FC00001, -1], [0x7F800000, -0x7FBFFFFF]], dtype=torch.int32)
-    scales = special.view(torch.float32).to(device)
+    special = torch.tensor([[0x7FC00001, -1], [0x7F800000, -0x7FBFFFFF]], dtype=torch.int32, device=device)
+    scales = special.view(torch.float32)
     idx = torch.tensor([1, 0, 1], device=device)
     assert_gathered(gather_rows_with_scales(q, scales, idx, config=FAST), q, scales, idx)
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import moetune.ops as ops
 from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
@@ -27,21 +28,21 @@ GATHER_CFG = {"BLOCK_SIZE_K": 256, "ROWS_PER_PROGRAM": 4, "num_warps": 4}
 
 def fp8_layer(m, h=300, i=200, e=4, top_k=2, active=0.5, seed=0):
     """H 300, I 200: partial N and K tiles and partial 128-blocks of scales in both GEMMs."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
-    w13, s13 = quantize_fp8_block(torch.randn(e, 2 * i, h, generator=g) * 0.05)
-    w2, s2 = quantize_fp8_block(torch.randn(e, h, i, generator=g) * 0.05)
-    ids, rw = make_routes(m, top_k, e, active_fraction=active, generator=g)
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(torch.bfloat16)
+    w13, s13 = quantize_fp8_block(torch.randn(e, 2 * i, h, generator=g, device=DEVICE) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(e, h, i, generator=g, device=DEVICE) * 0.05)
+    ids, rw = make_routes(m, top_k, e, active_fraction=active, generator=g, device=DEVICE)
     return [x, w13, s13, w2, s2, rw, ids]
 
 
 def fp4_layer(m, h=160, i=96, e=4, top_k=2, active=0.5, seed=0):
     """2I 192, H 160: partial N tiles; K 160 and 96: partial K chunks."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
-    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)
-    w2 = quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)
-    ids, rw = make_routes(m, top_k, e, active_fraction=active, generator=g)
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(torch.bfloat16)
+    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g, device=DEVICE) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(e, h, i, generator=g, device=DEVICE) * 0.05)
+    ids, rw = make_routes(m, top_k, e, active_fraction=active, generator=g, device=DEVICE)
     return [x, *w13, *w2, rw, ids]
 
 
@@ -51,9 +52,9 @@ def fp4_biases(h=160, i=96, e=4, seed=0):
 
 
 def gather_inputs(m, k, rows, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, s = quantize_fp8_act(torch.randn(m, k, generator=g))
-    idx = torch.randint(0, max(m, 1), (rows,), generator=g, dtype=torch.int32)
+    g = torch.Generator(DEVICE).manual_seed(seed)
+    q, s = quantize_fp8_act(torch.randn(m, k, generator=g, device=DEVICE))
+    idx = torch.randint(0, max(m, 1), (rows,), generator=g, dtype=torch.int32, device=DEVICE)
     return q, s, idx
 
 
@@ -218,7 +219,7 @@ class MoeBlock(torch.nn.Module):
 def test_compiled_moe_block_fullgraph(backend):
     torch.manual_seed(0)
     x, w13, s13, w2, s2, _, _ = fp8_layer(3, h=256, i=128, e=4)
-    block = MoeBlock(256, 4, 2, (w13, s13, w2, s2), FP8_CFG)
+    block = MoeBlock(256, 4, 2, (w13, s13, w2, s2), FP8_CFG).to(DEVICE)
     torch._dynamo.reset()
     compiled = torch.compile(block, fullgraph=True, backend=backend)
     with torch.no_grad():  # inference: the ops have no autograd formula

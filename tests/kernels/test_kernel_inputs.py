@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from moetune.kernels.fp4_prefill.config import normalize_config
 from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
@@ -19,20 +20,20 @@ HUGE = 2**40
 
 
 def _fp8_layer(m=2, h=128, i=128, e=2, top_k=2):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
-    w13, s13 = quantize_fp8_block(torch.randn(e, 2 * i, h, generator=g) * 0.05)
-    w2, s2 = quantize_fp8_block(torch.randn(e, h, i, generator=g) * 0.05)
-    ids, wts = make_routes(m, top_k, e, generator=g)
+    g = torch.Generator(DEVICE).manual_seed(0)
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(torch.bfloat16)
+    w13, s13 = quantize_fp8_block(torch.randn(e, 2 * i, h, generator=g, device=DEVICE) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(e, h, i, generator=g, device=DEVICE) * 0.05)
+    ids, wts = make_routes(m, top_k, e, generator=g, device=DEVICE)
     return [x, w13, s13, w2, s2, wts, ids]
 
 
 def _fp4_layer(m=2, h=64, i=32, e=2, top_k=2):
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(m, h, generator=g).to(torch.bfloat16)
-    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g) * 0.05)
-    w2 = quantize_mxfp4(torch.randn(e, h, i, generator=g) * 0.05)
-    ids, wts = make_routes(m, top_k, e, generator=g)
+    g = torch.Generator(DEVICE).manual_seed(0)
+    x = torch.randn(m, h, generator=g, device=DEVICE).to(torch.bfloat16)
+    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, generator=g, device=DEVICE) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(e, h, i, generator=g, device=DEVICE) * 0.05)
+    ids, wts = make_routes(m, top_k, e, generator=g, device=DEVICE)
     return [x, *w13, *w2, wts, ids]
 
 
@@ -57,9 +58,9 @@ def test_fp4_prefill_names_an_argument_that_is_not_a_tensor(name):
 
 
 @pytest.mark.parametrize("name", ["q", "scales", "dst2src"])
-def test_gather_rows_names_an_argument_that_is_not_a_tensor(name):
-    q = torch.zeros(4, 128, dtype=torch.uint8)
-    args = {"q": q, "scales": torch.ones(4, 1), "dst2src": torch.arange(4)}
+def test_gather_rows_names_an_argument_that_is_not_a_tensor(name, device):
+    q = torch.zeros(4, 128, dtype=torch.uint8, device=device)
+    args = {"q": q, "scales": torch.ones(4, 1, device=device), "dst2src": torch.arange(4, device=device)}
     args[name] = args[name].tolist()
     with pytest.raises(ValueError, match=f"^{name} must be a torch.Tensor, got list"):
         gather_rows_with_scales(**args)

@@ -66,6 +66,7 @@ CASES = [
 ]
 
 
+@pytest.mark.interpreter  # records the interpreter's launches (InterpretedFunction.run)
 @pytest.mark.parametrize(("kernel", "shape", "tokens", "active"), CASES,
                          ids=[f"{c[0]}-active{c[3]:g}" for c in CASES])
 def test_stand_in_builds_the_same_gemm_binaries(kernel, shape, tokens, active, launches):

@@ -37,22 +37,22 @@ def test_spec_and_layer_launch_the_same_gemm_with_the_same_pdl(monkeypatch, serv
     spec.run(inputs, dict(spec.default))
     assert calls == [(serving_pdl, False)]  # inactive rows left unwritten, as the layer leaves them
 
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator(device).manual_seed(0)
     from moetune.quant import quantize_fp8_block
 
-    x = torch.randn(2, 256, generator=g).to(device, torch.bfloat16)
-    w13, s13 = quantize_fp8_block(torch.randn(4, 64, 256, generator=g).to(device) * 0.05)
-    w2, s2 = quantize_fp8_block(torch.randn(4, 256, 32, generator=g).to(device) * 0.05)
+    x = torch.randn(2, 256, generator=g, device=device).to(torch.bfloat16)
+    w13, s13 = quantize_fp8_block(torch.randn(4, 64, 256, generator=g, device=device) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(4, 256, 32, generator=g, device=device) * 0.05)
     ids = torch.tensor([[0, 1], [2, -1]], dtype=torch.int32, device=device)
-    rw = torch.rand(2, 2, generator=g).to(device)
+    rw = torch.rand(2, 2, generator=g, device=device)
     layer_mod.fp8_decode_moe(x, w13, s13, w2, s2, rw, ids)
     assert calls[1:] == [(serving_pdl, False), (serving_pdl, False)]  # gate/up and down
 
 
 def test_resolve_pdl_rejects_non_bools():
     with pytest.raises(ValueError, match="pdl must be True, False or None"):
-        pdl_mod.resolve_pdl(1, torch.zeros(1))
-    assert pdl_mod.resolve_pdl(None, torch.zeros(1)) is False  # a CPU tensor
+        pdl_mod.resolve_pdl(1, torch.zeros(1, device="cpu"))
+    assert pdl_mod.resolve_pdl(None, torch.zeros(1, device="cpu")) is False  # a CPU tensor
 
 
 @pytest.mark.parametrize("cfg", [{"ALGO": "route", "SPLIT_K": 2},
@@ -60,9 +60,9 @@ def test_resolve_pdl_rejects_non_bools():
 def test_gemm_leaves_inactive_rows_unwritten_only_when_asked(cfg, device):
     from moetune.quant import quantize_fp8_block
 
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(3, 256, generator=g).to(device, torch.bfloat16)
-    w, s = quantize_fp8_block(torch.randn(4, 64, 256, generator=g).to(device) * 0.05)
+    g = torch.Generator(device).manual_seed(3)
+    x = torch.randn(3, 256, generator=g, device=device).to(torch.bfloat16)
+    w, s = quantize_fp8_block(torch.randn(4, 64, 256, generator=g, device=device) * 0.05)
     ids = torch.tensor([[0, -1], [-1, -1], [3, 1]], dtype=torch.int32, device=device)
     split = cfg["SPLIT_K"]
     inactive = ids.reshape(-1) < 0

@@ -113,11 +113,11 @@ def test_heuristic_is_valid_and_follows_density(name, model, tp):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_run_matches_reference_with_poisoned_outputs(name):
+def test_run_matches_reference_with_poisoned_outputs(name, device):
     spec = get_spec(name)
     shape = spec.shape_from_model(get_model("tiny"))
     problem = spec.problem(shape, tokens=3, active_fraction=0.5)
-    inputs = spec.make_inputs(problem, "cpu", seed=1)
+    inputs = spec.make_inputs(problem, device, seed=1)
     expected = spec.reference(inputs)
     for cfg in (spec.default, spec.heuristic(problem.shape, problem.routes, "interpreter"),
                 {"ALGO": "grouped", "BLOCK_SIZE_N": 128, "SPLIT_K": 2, "SWAP_AB": 1}):
@@ -148,7 +148,7 @@ def test_a_k_split_is_timed_without_its_sum(device):
     assert torch.isnan(parts).all()
 
 
-def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypatch):
+def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypatch, device):
     """The layer's gated activation writes down's A_FP8 2 split, so down's timed op launches none: the
     split is made on the first run and reused; gate/up splits x in every run, as the layer does."""
     from moetune.kernels.fp8_decode import gemm
@@ -166,7 +166,7 @@ def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypa
     for name, per_run in (("fp8_decode.down", 0), ("fp8_decode.gate_up", 1)):
         spec = get_spec(name)
         problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
-        inputs = spec.make_inputs(problem, "cpu", seed=3)
+        inputs = spec.make_inputs(problem, device, seed=3)
         expected = spec.reference(inputs)
         cfg = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
         calls.clear()
@@ -180,7 +180,7 @@ def test_down_takes_its_a_fp8_2_split_made_beforehand_as_the_layer_does(monkeypa
         assert len(calls) == 1 + 2 * per_run, name
 
 
-def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeypatch):
+def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeypatch, device):
     """TimingOptions.kernel_only (the worker marks the inputs): the grouped path's alignment and gate/up's
     split of x are made on the first run and reused, as a layer shares them; the whole op otherwise."""
     from moetune.kernels.fp8_decode import gemm
@@ -204,7 +204,7 @@ def test_kernel_only_takes_the_alignment_and_both_splits_made_beforehand(monkeyp
     problem = spec.problem(spec.shape_from_model(get_model("tiny")), tokens=2)
     cfg = {**spec.default, "ALGO": "grouped", "A_FP8": 2, "num_stages": 3}
     for kernel_only, per_run in ((True, 0), (False, 1)):
-        inputs = spec.make_inputs(problem, "cpu", seed=4)
+        inputs = spec.make_inputs(problem, device, seed=4)
         if kernel_only:
             inputs.extra["kernel_only"] = True
         expected = spec.reference(inputs)

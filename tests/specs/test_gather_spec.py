@@ -29,10 +29,10 @@ def test_shapes():
 
 
 @pytest.mark.parametrize("routing,active", [("uniform", 1.0), ("zipf:1.2", 0.5)])
-def test_inputs_are_routed_rows_and_the_kernel_matches_the_reference(routing, active):
+def test_inputs_are_routed_rows_and_the_kernel_matches_the_reference(routing, active, device):
     shape = SPEC.shape_from_model(get_model("tiny"))
     problem = SPEC.problem(shape, tokens=6, active_fraction=active, routing=routing)
-    inputs = SPEC.make_inputs(problem, "cpu", seed=5)
+    inputs = SPEC.make_inputs(problem, device, seed=5)
     idx = inputs.tensors["dst2src"]
     assert idx.numel() == problem.routes
     # Each token once per expert it routes to: round(top_k * active) times.
@@ -44,9 +44,9 @@ def test_inputs_are_routed_rows_and_the_kernel_matches_the_reference(routing, ac
     assert SPEC.error(inputs.outputs, expected) == 0.0
 
 
-def test_a_single_flipped_byte_fails_the_exact_check():
+def test_a_single_flipped_byte_fails_the_exact_check(device):
     problem = SPEC.problem({"E": 4, "K": 200, "top_k": 2}, tokens=3)
-    inputs = SPEC.make_inputs(problem, "cpu", seed=1)
+    inputs = SPEC.make_inputs(problem, device, seed=1)
     SPEC.run(inputs, DEFAULT)
     expected = SPEC.reference(inputs)
     assert SPEC.passes(SPEC.error(inputs.outputs, expected))
@@ -55,10 +55,10 @@ def test_a_single_flipped_byte_fails_the_exact_check():
     assert err > 0 and not SPEC.passes(err)
 
 
-def test_every_allowed_candidate_is_exact_on_a_tiny_problem():
+def test_every_allowed_candidate_is_exact_on_a_tiny_problem(device):
     """A miniature sweep: what constraint() lets through must run and be bit-exact."""
     problem = SPEC.problem({"E": 4, "K": 200, "top_k": 2}, tokens=3)
-    inputs = SPEC.make_inputs(problem, "cpu", seed=2)
+    inputs = SPEC.make_inputs(problem, device, seed=2)
     expected = SPEC.reference(inputs)
     allowed = [c for c in SPEC.candidates() if SPEC.constraint(c, problem, INTERPRETER) is None]
     assert DEFAULT in allowed and 10 < len(allowed) < len(list(SPEC.candidates()))
@@ -68,10 +68,10 @@ def test_every_allowed_candidate_is_exact_on_a_tiny_problem():
         assert SPEC.error(inputs.outputs, expected) == 0.0, config
 
 
-def test_bytes_moved_counts_distinct_reads_every_write_and_the_map():
+def test_bytes_moved_counts_distinct_reads_every_write_and_the_map(device):
     k, g = 896, 7
     problem = SPEC.problem({"E": 8, "K": k, "top_k": 2}, tokens=5)
-    idx = torch.tensor([0, 0, 3, 3, 3, 1], dtype=torch.int64)
+    idx = torch.tensor([0, 0, 3, 3, 3, 1], dtype=torch.int64, device=device)
     inputs = Inputs({"dst2src": idx}, ())
     assert group_count(k) == g
     assert SPEC.bytes_moved(problem, inputs) == 3 * (k + 4 * g) + 6 * (k + 4 * g + 8)

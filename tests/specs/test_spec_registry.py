@@ -88,21 +88,24 @@ def test_config_checks_are_cached_per_config_and_still_exact():
     assert "BLOCK_SIZE_Q" in s.constraint(unhashable, problem, INTERPRETER)
 
 
-def test_error_is_relative_l2_and_inf_for_any_nan_or_inf():
+def test_error_is_relative_l2_and_inf_for_any_nan_or_inf(device):
     import math
 
     import torch
 
     spec = _ThirdParty()
-    ref = torch.tensor([[3.0, 0.0], [0.0, 4.0]])
+    ref = torch.tensor([[3.0, 0.0], [0.0, 4.0]], device=device)
     assert spec.error((ref.clone(),), (ref,)) == 0.0
-    assert spec.error((ref + torch.tensor([[0.3, 0.0], [0.0, 0.4]]),), (ref,)) == pytest.approx(0.1)
+    off = torch.tensor([[0.3, 0.0], [0.0, 0.4]], device=device)
+    assert spec.error((ref + off,), (ref,)) == pytest.approx(0.1)
     assert spec.error((ref.to(torch.bfloat16),), (ref,)) == 0.0  # any float output dtype
     for bad in (float("nan"), float("inf"), -float("inf")):
         out = ref.clone()
         out[1, 0] = bad
         assert spec.error((out,), (ref,)) == math.inf, bad
-    assert spec.error((torch.zeros(2, 2),), (torch.zeros(2, 2),)) == 0.0
-    assert spec.error((torch.ones(2, 2),), (torch.zeros(2, 2),)) == math.inf
-    assert spec.error((torch.ones(3),), (torch.ones(2),)) == math.inf  # shape mismatch
+    zeros = torch.zeros(2, 2, device=device)
+    assert spec.error((zeros,), (zeros.clone(),)) == 0.0
+    assert spec.error((torch.ones(2, 2, device=device),), (zeros,)) == math.inf
+    shorter = torch.ones(2, device=device)
+    assert spec.error((torch.ones(3, device=device),), (shorter,)) == math.inf  # shape mismatch
     assert spec.error((ref, ref + 1), (ref, ref)) == pytest.approx(2 / 5)  # the worst output counts

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from moetune.kernels.activations import gated_activation
 from moetune.kernels.fp8_decode.align import align_routes, max_blocks
@@ -24,11 +25,11 @@ FAST = {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 256}
 FAST_CFG = {"gate_up": FAST, "down": FAST}
 
 
-def make_layer(M=3, H=300, I=200, E=6, top_k=4, dtype=torch.bfloat16, active=1.0, seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(M, H, generator=g)).to(device, dtype)
-    w13, s13 = quantize_fp8_block(torch.randn(E, 2 * I, H, generator=g).to(device) * 0.05)
-    w2, s2 = quantize_fp8_block(torch.randn(E, H, I, generator=g).to(device) * 0.05)
+def make_layer(M=3, H=300, I=200, E=6, top_k=4, dtype=torch.bfloat16, active=1.0, seed=0, device=DEVICE):
+    g = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(M, H, generator=g, device=device).to(dtype)
+    w13, s13 = quantize_fp8_block(torch.randn(E, 2 * I, H, generator=g, device=device) * 0.05)
+    w2, s2 = quantize_fp8_block(torch.randn(E, H, I, generator=g, device=device) * 0.05)
     ids, rw = make_routes(M, top_k, E, active_fraction=active, generator=g, device=device)
     return [x, w13, s13, w2, s2, rw, ids]
 
@@ -83,14 +84,15 @@ def test_output_dtypes(dtype):
 def test_noncontiguous_views_and_padded_scales():
     x, w13, s13, w2, s2, rw, ids = make_layer(M=2, H=300, I=200, E=4, top_k=2, seed=2)
     ref = fp8_decode_moe_reference(x, w13, s13, w2, s2, rw, ids)
-    x_view = torch.zeros(2, 2 * 300, dtype=x.dtype)[:, ::2]
+    x_view = torch.zeros(2, 2 * 300, dtype=x.dtype, device=DEVICE)[:, ::2]
     x_view.copy_(x)
     w13_view = w13.transpose(1, 2).contiguous().transpose(1, 2)  # K no longer the unit stride
-    w2_view = torch.zeros(4, 300, 256, dtype=w2.dtype)[:, :, :200]
+    w2_view = torch.zeros(4, 300, 256, dtype=w2.dtype, device=DEVICE)[:, :, :200]
     w2_view.copy_(w2)
-    s13_pad = torch.full((4, s13.shape[1], s13.shape[2] + 3), float("nan"))
+    s13_pad = torch.full((4, s13.shape[1], s13.shape[2] + 3), float("nan"), device=DEVICE)
     s13_pad[:, :, : s13.shape[2]] = s13
-    s2_pad = torch.full((4, s2.shape[1], s2.shape[2] + 1), float("nan"))[:, :, :-1]  # a strided view too
+    s2_pad = torch.full((4, s2.shape[1], s2.shape[2] + 1), float("nan"), device=DEVICE)
+    s2_pad = s2_pad[:, :, :-1]  # a strided view too
     s2_pad[:, :, : s2.shape[2]] = s2
     assert not x_view.is_contiguous() and not w13_view.is_contiguous() and not w2_view.is_contiguous()
     for cfg in (FAST, CONFIGS[5]):
@@ -101,18 +103,18 @@ def test_noncontiguous_views_and_padded_scales():
 
 @pytest.mark.parametrize("activation,limit", [("silu", None), ("silu", 0.3), ("gelu_tanh", None),
                                               ("swiglu", None), ("swiglu", 0.3)])
-def test_activation_kernel(activation, limit):
-    g = torch.Generator().manual_seed(3)
+def test_activation_kernel(activation, limit, device):
+    g = torch.Generator(device).manual_seed(3)
     routes, inter = 6, 200
-    gu = torch.randn(2, routes, 2 * inter, generator=g)  # two K-split partials
-    ids = torch.tensor([0, -1, 3, 2, -1, 1], dtype=torch.int32)
+    gu = torch.randn(2, routes, 2 * inter, generator=g, device=device)  # two K-split partials
+    ids = torch.tensor([0, -1, 3, 2, -1, 1], dtype=torch.int32, device=device)
     gu[:, 1] = float("nan")  # inactive rows are never read
-    out = torch.full((routes, inter), float("nan"))
+    out = torch.full((routes, inter), float("nan"), device=device)
     gated_activation_rows(gu, ids, out, activation, limit)
     total = gu.sum(0)
     ref = gated_activation(total[:, :inter], total[:, inter:], activation, limit)
     ref[ids < 0] = 0
-    assert torch.equal(out[ids < 0], torch.zeros(2, inter))
+    assert torch.equal(out[ids < 0], torch.zeros(2, inter, device=device))
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -174,10 +176,10 @@ def test_all_inactive_is_exactly_zero(cfg):
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[1], CONFIGS[6]], ids=["route-split", "grouped-split-swap"])
-def test_poisoned_buffers_are_overwritten(cfg):
+def test_poisoned_buffers_are_overwritten(cfg, device):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=4, active=0.5, seed=8)
     conf = {"gate_up": check_gemm_config(cfg), "down": check_gemm_config(cfg)}
-    bufs = layer_buffers(2, 4, 256, 128, torch.bfloat16, conf, "cpu")
+    bufs = layer_buffers(2, 4, 256, 128, torch.bfloat16, conf, device)
     for t in bufs.values():
         t.fill_(float("nan"))
     out = decode_moe_into(*args, conf, bufs)
@@ -189,9 +191,10 @@ def test_poisoned_buffers_are_overwritten(cfg):
     assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
     # one GEMM alone into a plain [R, N] buffer: partials added, every element written
     x, w13, s13, _, _, _, ids = args
-    gu = torch.full((8, 256), float("nan"))
+    gu = torch.full((8, 256), float("nan"), device=device)
     fp8_block_gemm(x, w13, s13, ids, gu, cfg, a_row_div=4)
-    assert torch.isfinite(gu).all() and torch.equal(gu[ids.reshape(-1) < 0], torch.zeros(4, 256))
+    assert torch.isfinite(gu).all()
+    assert torch.equal(gu[ids.reshape(-1) < 0], torch.zeros(4, 256, device=device))
 
 
 def test_grouped_handles_more_routes_than_a_block():
@@ -201,8 +204,8 @@ def test_grouped_handles_more_routes_than_a_block():
     assert rel_err(out, fp8_decode_moe_reference(*args)) < TOL
 
 
-def test_align_routes_buckets_every_active_route_once():
-    ids = torch.tensor([[0, 3, -1, 3], [5, -1, 0, 2], [3, 3, 1, -1]], dtype=torch.int32)
+def test_align_routes_buckets_every_active_route_once(device):
+    ids = torch.tensor([[0, 3, -1, 3], [5, -1, 0, 2], [3, 3, 1, -1]], dtype=torch.int32, device=device)
     sorted_ids, block_expert = align_routes(ids, 6, 16)
     assert block_expert.numel() == max_blocks(12, 6, 16)
     flat = ids.reshape(-1)

@@ -13,12 +13,13 @@ BF, F8, F32, I32 = "*bf16", "*fp8e4nv", "*fp32", "*i32"
 KERNELS = {  # kernel (module.name): (pointer and float argument types, constexprs)
     "gemm._route_gemm_kernel": (
         {"a_ptr": BF, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32, "rw_ptr": F32, "out_ptr": F32},
-        {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8, "GEMV_STAGES": 1}),
+        {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8, "GEMV_STAGES": 1,
+         "FILL_INACTIVE": False}),
     "gemm._grouped_gemm_kernel": (
         {"a_ptr": F8, "lo_ptr": F8, "sa_ptr": F32, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32,
          "sorted_ptr": I32, "block_expert_ptr": I32, "rw_ptr": F32, "out_ptr": F32},
         {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
-         "SWAP_AB": True, "DOT_FP32": False, "A_FP8": 2, "W_TMA": False}),
+         "SWAP_AB": True, "DOT_FP32": False, "A_FP8": 2, "W_TMA": False, "FILL_INACTIVE": False}),
     "split._split_rows_kernel": ({"a_ptr": BF, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32}, {"CHUNKS": 8}),
     "align._align_sort_kernel": (
         {"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "shift_ptr": I32},
@@ -26,7 +27,8 @@ KERNELS = {  # kernel (module.name): (pointer and float argument types, constexp
     "epilogue._gated_act_kernel": (
         {"gu_ptr": F32, "out_ptr": BF, "ids_ptr": I32, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32,
          "limit": "fp32"},
-        {"SPLITS": 2, "ACTIVATION": 0, "HAS_LIMIT": False, "BLOCK": 256, "SPLIT_OUT": True}),
+        {"SPLITS": 2, "ACTIVATION": 0, "HAS_LIMIT": False, "BLOCK": 256, "SPLIT_OUT": True,
+         "FILL_INACTIVE": False}),
     "epilogue._sum_topk_kernel": (
         {"y_ptr": F32, "ids_ptr": I32, "out_ptr": BF}, {"SPLITS": 1, "BLOCK": 1024}),
 }
@@ -47,6 +49,7 @@ def test_sm90_kernels_wait_for_the_previous_grid_only_with_pdl():
         assert ("griddepcontrol.launch_dependents" in res["ptx"]) == wanted, job["kernel"]
 
 
+@pytest.mark.interpreter  # on the GPU pdl=True really overlaps the launches
 @pytest.mark.parametrize("config", [None, {"gate_up": {"ALGO": "grouped", "BLOCK_SIZE_N": 128, "A_FP8": 2},
                                            "down": {"ALGO": "route", "BLOCK_SIZE_N": 64, "SPLIT_K": 2}}],
                          ids=["picked", "grouped-split"])

@@ -5,6 +5,7 @@ before it multiplies this one)."""
 
 import pytest
 import torch
+from conftest import DEVICE
 from test_fp8_decode import TOL, make_layer, poison_unused, rel_err
 
 from moetune.kernels.fp8_decode.align import ALIGN_METHOD, align_routes
@@ -70,11 +71,11 @@ def test_fused_activations_and_fp16(activation, limit):
 def test_a8_single_gemm_is_close_to_w8a16():
     """The two-term activation split keeps the GEMM within ~1e-3 of the exact product (one term: ~3e-2)."""
     x, w13, s13, *_, ids = make_layer(M=2, H=512, I=128, E=4, top_k=2, dtype=torch.float32, seed=13)
-    exact = torch.empty(4, 256)
+    exact = torch.empty(4, 256, device=DEVICE)
     fp8_block_gemm(x, w13, s13, ids, exact, {"ALGO": "route", "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 512},
                      a_row_div=2)
     for cfg in (A8_ROUTE, {**A8_GROUPED, "SWAP_AB": 1}, A82_ROUTE, {**A82_GROUPED, "SWAP_AB": 1}):
-        got = torch.full((4, 256), float("nan"))
+        got = torch.full((4, 256), float("nan"), device=DEVICE)
         fp8_block_gemm(x, w13, s13, ids, got, cfg, a_row_div=2)
         assert rel_err(got, exact) < 3e-3
 
@@ -84,7 +85,7 @@ def test_a8_single_gemm_is_close_to_w8a16():
 def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
     args = make_layer(M=2, H=256, I=128, E=4, top_k=2, seed=14)
     conf = {g: check_gemm_config(c) for g, c in VARIANTS[name].items()}
-    bufs = layer_buffers(2, 2, 256, 128, torch.bfloat16, conf, "cpu")
+    bufs = layer_buffers(2, 2, 256, 128, torch.bfloat16, conf, DEVICE)
     if name == "fused":  # the fused path needs no fp32 per-route buffers
         assert bufs["gate_up"].numel() == 0 and bufs["down"].numel() == 0
     for t in bufs.values():
@@ -124,7 +125,7 @@ def split_reference(a):
     1e-30) / 448, q = a / sa, hi = e4m3(q), lo = e4m3(8 (q - hi)); (hi, lo [rows, K], sa [rows, chunks])."""
     rows, k = a.shape
     chunks = -(-k // 128)
-    padded = torch.zeros(rows, chunks * 128)
+    padded = torch.zeros(rows, chunks * 128, device=a.device)
     padded[:, :k] = a.float()
     padded = padded.view(rows, chunks, 128)
     sa = padded.abs().amax(-1).clamp_min(1e-30) * (1.0 / 448.0)
@@ -149,7 +150,7 @@ def assert_terms_equal(got, ref):
 def gemm_reference(a, w, w_scale, ids, a_row_div=1, rw=None):
     """fp32 ``out[r] = (rw[r] *) a[r // a_row_div] @ dequant(w[ids[r]]).T``, zero for inactive routes."""
     flat = ids.reshape(-1)
-    out = torch.zeros(flat.numel(), w.shape[1])
+    out = torch.zeros(flat.numel(), w.shape[1], device=a.device)
     for r, e in enumerate(flat.tolist()):
         if e >= 0:
             out[r] = a[r // a_row_div].float() @ dequantize_fp8_block(w[e], w_scale[e]).T
@@ -162,8 +163,9 @@ def gemm_reference(a, w, w_scale, ids, a_row_div=1, rw=None):
 def test_split_rows_matches_reference(dtype, K):
     """K not a multiple of 128 (a partial last chunk), a strided view, a row of zeros, rows of very
     different magnitudes (one scale per row per chunk); into given buffers too."""
-    g = torch.Generator().manual_seed(K)
-    base = torch.randn(5, 2 * K, generator=g) * torch.tensor([1.0, 1e3, 1.0, 1e-4, 3.0])[:, None]
+    g = torch.Generator(DEVICE).manual_seed(K)
+    base = torch.randn(5, 2 * K, generator=g, device=DEVICE)
+    base *= torch.tensor([1.0, 1e3, 1.0, 1e-4, 3.0], device=DEVICE)[:, None]
     a = base.to(dtype)[:, ::2]
     a[2] = 0
     assert not a.is_contiguous()
@@ -174,12 +176,13 @@ def test_split_rows_matches_reference(dtype, K):
     assert torch.equal(sa, ref_sa)
     assert_terms_equal(hi, ref_hi)
     assert_terms_equal(lo, ref_lo)
-    assert torch.equal(hi[2].float(), torch.zeros(K)) and torch.equal(lo[2].float(), torch.zeros(K))
+    zeros = torch.zeros(K, device=DEVICE)
+    assert torch.equal(hi[2].float(), zeros) and torch.equal(lo[2].float(), zeros)
     chunk_sa = sa.repeat_interleave(128, dim=1)[:, :K]
     back = (hi.float() + lo.float() * 0.125) * chunk_sa
     assert ((back - a.float()).abs() <= 2e-3 * chunk_sa * 448).all()  # ~1e-3 of each chunk's amax
     bufs = (torch.full_like(hi, float("nan")), torch.full_like(lo, float("nan")),
-            torch.full((5, sa.shape[1] + 2), float("nan"))[:, 1:-1])
+            torch.full((5, sa.shape[1] + 2), float("nan"), device=DEVICE)[:, 1:-1])
     got = split_fp8_rows(a, out=bufs)
     assert all(x is y for x, y in zip(got, bufs, strict=True))
     assert torch.equal(bufs[2], sa)
@@ -195,12 +198,12 @@ def test_the_activation_writes_the_split_split_fp8_rows_would(inter, splits, dty
     """The gated activation's split (I under, at and over one 128 chunk, partial last chunks, K-split
     partials, inactive routes) equals split_fp8_rows of its own output, bit for bit; poisoned buffers are
     fully written."""
-    g = torch.Generator().manual_seed(inter)
-    gu = torch.randn(splits, 6, 2 * inter, generator=g)
-    ids = torch.tensor([0, -1, 2, 3, -1, 1])
-    out = torch.full((6, inter), float("nan"), dtype=dtype)
-    hi = torch.full((6, inter), float("nan"), dtype=FP8_DTYPE)
-    lo, sa = hi.clone(), torch.full((6, -(-inter // 128)), float("nan"))
+    g = torch.Generator(DEVICE).manual_seed(inter)
+    gu = torch.randn(splits, 6, 2 * inter, generator=g, device=DEVICE)
+    ids = torch.tensor([0, -1, 2, 3, -1, 1], device=DEVICE)
+    out = torch.full((6, inter), float("nan"), dtype=dtype, device=DEVICE)
+    hi = torch.full((6, inter), float("nan"), dtype=FP8_DTYPE, device=DEVICE)
+    lo, sa = hi.clone(), torch.full((6, -(-inter // 128)), float("nan"), device=DEVICE)
     gated_activation_rows(gu, ids, out, "swiglu", 7.0, split=(hi, lo, sa))
     alone = gated_activation_rows(gu, ids, torch.empty_like(out), "swiglu", 7.0)
     ref_hi, ref_lo, ref_sa = split_fp8_rows(alone)
@@ -227,12 +230,12 @@ def test_the_layer_splits_down_s_input_in_the_activation(monkeypatch):
         return real(a, *k, **kw)
 
     monkeypatch.setattr(gemm, "split_fp8_rows", spy)
-    bufs = layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu")
+    bufs = layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, DEVICE)
     fused = decode_moe_into(*args, conf, bufs).clone()
     assert calls == [(3, 304)]  # x for gate/up only
     monkeypatch.setattr(layer, "_act_split", lambda config: False)
     calls.clear()
-    apart = decode_moe_into(*args, conf, layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, "cpu"))
+    apart = decode_moe_into(*args, conf, layer_buffers(3, 3, 304, 208, torch.bfloat16, conf, DEVICE))
     assert calls == [(3, 304), (9, 208)] and torch.equal(fused, apart)
     assert rel_err(fused, fp8_decode_moe_reference(*args)) < TOL
 
@@ -255,10 +258,10 @@ def test_a82_down_gemm_k200_strided_padded_and_poisoned(cfg):
     ids[0, 1:] = -1
     ids[1, :] = -1
     routes = ids.numel()
-    g = torch.Generator().manual_seed(22)
-    act = torch.zeros(routes, 400, dtype=torch.bfloat16)[:, ::2]
-    act.copy_(torch.randn(routes, 200, generator=g))
-    s2_pad = torch.full((6, s2.shape[1], s2.shape[2] + 2), float("nan"))
+    g = torch.Generator(DEVICE).manual_seed(22)
+    act = torch.zeros(routes, 400, dtype=torch.bfloat16, device=DEVICE)[:, ::2]
+    act.copy_(torch.randn(routes, 200, generator=g, device=DEVICE))
+    s2_pad = torch.full((6, s2.shape[1], s2.shape[2] + 2), float("nan"), device=DEVICE)
     s2_pad[:, :, : s2.shape[2]] = s2
     rw[ids < 0] = 0.0
     ref = gemm_reference(act, w2, s2, ids, rw=rw)
@@ -269,11 +272,11 @@ def test_a82_down_gemm_k200_strided_padded_and_poisoned(cfg):
     for e in set(range(6)) - used:
         w2[e].view(torch.uint8).fill_(0x7F)
         s2_pad[e] = float("nan")
-    out = torch.full((routes, 256), float("nan"))
+    out = torch.full((routes, 256), float("nan"), device=DEVICE)
     fp8_block_gemm(act, w2, s2_pad, ids, out, cfg, topk_weights=rw)
-    assert torch.equal(out[inactive], torch.zeros(int(inactive.sum()), 256))
+    assert torch.equal(out[inactive], torch.zeros(int(inactive.sum()), 256, device=DEVICE))
     assert rel_err(out, ref) < TOL
-    mode1 = torch.full((routes, 256), float("nan"))
+    mode1 = torch.full((routes, 256), float("nan"), device=DEVICE)
     fp8_block_gemm(act, w2, s2_pad, ids, mode1, {**cfg, "A_FP8": 1}, topk_weights=rw)
     torch.testing.assert_close(out, mode1, rtol=1e-5, atol=1e-5)
 
@@ -283,12 +286,12 @@ def test_a82_given_split():
     inside; it is checked (shapes, dtypes) and only taken with A_FP8 2."""
     x, w13, s13, *_, ids = make_layer(M=2, H=300, I=64, E=4, top_k=2, seed=23)
     cfg = {**A82_GROUPED, "SWAP_AB": 1, "SPLIT_K": 2}
-    inside = torch.full((4, 128), float("nan"))
+    inside = torch.full((4, 128), float("nan"), device=DEVICE)
     fp8_block_gemm(x, w13, s13, ids, inside, cfg, a_row_div=2)
     hi, lo, sa = split_fp8_rows(x)
-    sa_pad = torch.full((2, sa.shape[1] + 1), float("nan"))
+    sa_pad = torch.full((2, sa.shape[1] + 1), float("nan"), device=DEVICE)
     sa_pad[:, :-1] = sa  # a padded scale column is never read
-    given = torch.full((4, 128), float("nan"))
+    given = torch.full((4, 128), float("nan"), device=DEVICE)
     fp8_block_gemm(x, w13, s13, ids, given, cfg, a_row_div=2, a_split=(hi, lo, sa_pad))
     assert torch.equal(given, inside)
     assert rel_err(given, gemm_reference(x, w13, s13, ids, a_row_div=2)) < TOL
@@ -306,8 +309,8 @@ def test_a82_given_split():
 @pytest.mark.parametrize("tokens,E,block_m,active", [(3, 6, 16, 0.5), (20, 2, 16, 1.0), (16, 256, 16, 0.75),
                                                      (7, 9, 32, 0.0)])
 def test_sort_routing_step_equals_onehot(tokens, E, block_m, active):
-    gen = torch.Generator().manual_seed(E)
-    ids, _ = make_routes(tokens, min(8, E), E, active_fraction=active, generator=gen)
+    gen = torch.Generator(DEVICE).manual_seed(E)
+    ids, _ = make_routes(tokens, min(8, E), E, active_fraction=active, generator=gen, device=DEVICE)
     onehot = align_routes(ids, E, block_m, "onehot")
     by_sort = align_routes(ids, E, block_m, "sort")
     assert torch.equal(onehot[0], by_sort[0]) and torch.equal(onehot[1], by_sort[1])
@@ -335,7 +338,8 @@ def test_routing_step_default_is_sort_with_onehot_above_its_route_limit(monkeypa
     sort_spy, onehot_spy = _Spy(align._align_sort_kernel), _Spy(align._align_kernel)
     monkeypatch.setattr(align, "_align_sort_kernel", sort_spy)
     monkeypatch.setattr(align, "_align_kernel", onehot_spy)
-    ids, _ = make_routes(5, 4, 7, active_fraction=0.75, generator=torch.Generator().manual_seed(3))
+    ids, _ = make_routes(5, 4, 7, active_fraction=0.75, generator=torch.Generator(DEVICE).manual_seed(3),
+                         device=DEVICE)
     default = align_routes(ids, 7, 16)
     assert (sort_spy.calls, onehot_spy.calls) == (1, 0)
     onehot = align_routes(ids, 7, 16, "onehot")
@@ -371,7 +375,7 @@ def test_prefetch_changes_the_schedule_not_the_sums(split):
     base = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split}
     outs = []
     for prefetch in (0, 1):
-        out = torch.full((split, 6, 200), float("nan"))
+        out = torch.full((split, 6, 200), float("nan"), device=DEVICE)
         fp8_block_gemm(x, w13, s13, ids, out, {**base, "PREFETCH": prefetch}, a_row_div=2)
         outs.append(out)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
@@ -385,7 +389,7 @@ def test_gemv_stages_change_the_schedule_not_the_sums(stages, split):
     base = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "SPLIT_K": split}
     outs = []
     for st in (1, stages):
-        out = torch.full((split, 6, 200), float("nan"))
+        out = torch.full((split, 6, 200), float("nan"), device=DEVICE)
         fp8_block_gemm(x, w13, s13, ids, out, {**base, "GEMV_STAGES": st}, a_row_div=2)
         outs.append(out)
     assert torch.isfinite(outs[1]).all() and torch.equal(outs[0], outs[1])
@@ -428,11 +432,12 @@ def test_w_tma_refuses_what_tma_cannot_address():
     with pytest.raises(ValueError, match="W_TMA"):  # the W8A16 GEMV has no tile copies to replace
         fp8_decode_moe(*args, config={"gate_up": {"W_TMA": 1}})
     x, w13, s13, *_, ids = args
-    out = torch.empty(1, 256)
-    wide = torch.empty(2, 256, 512, dtype=w13.dtype)
+    out = torch.empty(1, 256, device=DEVICE)
+    wide = torch.empty(2, 256, 512, dtype=w13.dtype, device=DEVICE)
     wide[:, :, ::2] = w13
     with pytest.raises(ValueError, match="W_TMA.*unit stride"):  # K-strided weights
         fp8_block_gemm(x, wide[:, :, ::2], s13, ids, out, A82_ROUTE | {"W_TMA": 1})
     odd = make_layer(M=1, H=296, I=128, E=2, top_k=1, seed=17)  # rows of 296 bytes: not 16-aligned
     with pytest.raises(ValueError, match="W_TMA"):
-        fp8_block_gemm(odd[0], odd[1], odd[2], odd[6], torch.empty(1, 256), A82_ROUTE | {"W_TMA": 1})
+        fp8_block_gemm(odd[0], odd[1], odd[2], odd[6], torch.empty(1, 256, device=DEVICE),
+                       A82_ROUTE | {"W_TMA": 1})
