@@ -97,7 +97,11 @@ def test_all_inactive_zero_and_poisoned_buffers_overwritten(name):
     for t in bufs.values():
         t.fill_(float("nan"))
     out = decode_moe_into(*poison_unused(args), conf, bufs)
-    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(bufs["act"], torch.zeros_like(bufs["act"]))
+    assert torch.equal(out, torch.zeros_like(out))
+    if name == "fused":  # the fused gate/up GEMV writes its zero rows
+        assert torch.equal(bufs["act"], torch.zeros_like(bufs["act"]))
+    else:  # no kernel writes (or reads) an inactive route's rows
+        assert torch.isnan(bufs["act"]).all() and torch.isnan(bufs["down"]).all()
 
 
 @pytest.mark.parametrize("cfg,msg", [
