@@ -238,7 +238,7 @@ def test_check_layer(tmp_path, fmt, make, path):
     result = CliRunner().invoke(app, ["check-layer", str(ckpt), "--layer", str(LAYER), "--tokens", "3"])
     assert result.exit_code == 0, result.output
     assert f"layer {LAYER}: {fmt}, E {E}, H {H}, I {I}, activation silu\n" in result.output
-    match = re.search(rf"3 tokens x top_k 2 on cpu: moetune.{path} against "
+    match = re.search(rf"3 tokens x top_k 2 on (?:cpu|cuda): moetune.{path} against "
                       rf"moetune.reference.{path}: relative error (\S+)", result.output)
     assert match, result.output
     assert float(match.group(1)) < 1e-2
@@ -254,7 +254,7 @@ def test_check_layer_gpt_oss_with_biases(tmp_path):
     assert result.exit_code == 0, result.output
     assert (f"layer {LAYER}: gpt-oss, E {E}, H {H}, I {I}, activation swiglu, limit 7, biases gate_up and "
             f"down\n") in result.output
-    match = re.search(r"3 tokens x top_k 2 on cpu: moetune.fp4_prefill_moe against "
+    match = re.search(r"3 tokens x top_k 2 on (?:cpu|cuda): moetune.fp4_prefill_moe against "
                       r"moetune.reference.fp4_prefill_moe: relative error (\S+)", result.output)
     assert match, result.output
     assert float(match.group(1)) < 1e-2
