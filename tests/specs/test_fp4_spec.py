@@ -136,10 +136,10 @@ def test_gpt_oss_shapes_are_the_ones_the_padded_layer_asks_for(monkeypatch):
     assert [get_spec(op).shape_from_model(v4, tp=1)["K"] for op in OPS] == [v4.hidden, v4.intermediate]
 
 
-def test_hopper_heuristic_runs_gluon_with_a_tail_n_tile():
-    """gpt-oss-120b's padded shapes on sm_90: N 2880 (down; gate/up at TP2) is 22.5 of the 128-row tiles, so
-    the SWAP_AB 0 bands run a tail tile; every band names its Gluon tile, as on V4-Flash, and the
-    constraint accepts it; down's resident tile only where its activations fit (K 768 at TP4)."""
+def test_hopper_heuristic_names_gluon_tiles_only_with_whole_n_tiles():
+    """gpt-oss-120b's padded shapes on sm_90: the heuristic names a Gluon tile only where N is whole tiles
+    of it (a tail tile's speed is not measured; sweeps search it, checked first); TP1 gate/up (N 5760)
+    runs Gluon in every band, as on V4-Flash; every pick passes the constraint."""
     m = get_model("gpt-oss-120b")
     densities = (6, 12, 24, 48, 96, 192, 384)
     for op in OPS:
@@ -147,14 +147,13 @@ def test_hopper_heuristic_runs_gluon_with_a_tail_n_tile():
         for tp in (1, 2, 4):
             shape = spec.shape_from_model(m, tp=tp)
             picks = [spec.heuristic(shape, 128 * d, "sm_90") for d in densities]
-            assert all(p["IMPL"] == "gluon" for p in picks), (op, tp)
-            assert [p["BLOCK_SIZE_N"] for p in picks] == [64, 64, 64, 128, 128, 128, 128]
-            assert all(p["DECODE_WARPS"] == 4 for p in picks[4:])
-            resident = op.endswith("down") and tp == 4
-            assert [p["A_RESIDENT"] for p in picks[4:]] == [int(resident)] * 3, (op, tp)
             for d, p in zip(densities, picks, strict=True):
+                if p["IMPL"] == "gluon":
+                    assert shape["N"] % p["BLOCK_SIZE_N"] == 0, (op, tp, d, p)
                 prob = spec.problem(shape, tokens=128 * d // 4)
                 assert spec.constraint(p, prob, H200) is None, (op, tp, d, p)
+            if op.endswith("gate_up") and tp == 1:
+                assert all(p["IMPL"] == "gluon" for p in picks)
 
 
 def test_hopper_heuristic_follows_the_h200_winners():

@@ -320,11 +320,12 @@ _SM90_SMEM = 227 * 1024
 
 def _hopper_gluon_pick(gemm: str, density: float, shape: Mapping[str, Any]) -> dict[str, Any] | None:
     """The band's first Gluon tile the shape lets run (K a multiple of 256, resident activations within
-    shared memory), or None."""
+    shared memory) with whole N tiles, or None. A tail N tile is searched by sweeps, each candidate checked
+    on the GPU first, but not named here until its speed is measured (docs/kernels/fp4_prefill.md)."""
     sm90 = DeviceInfo("sm_90 (heuristic)", "sm_90", 0, _SM90_SMEM, 0, True)
     cfgs = next((cfgs for top, cfgs in _HOPPER_GLUON[gemm] if density <= top), ())
-    return next((dict(c) for c in cfgs if _gluon_constraint(normalize_config(c, gemm), shape, sm90) is None),
-                None)
+    return next((dict(c) for c in cfgs if shape["N"] % c["BLOCK_SIZE_N"] == 0
+                 and _gluon_constraint(normalize_config(c, gemm), shape, sm90) is None), None)
 
 
 def _hopper_pick(gemm: str, density: float) -> dict[str, Any]:
