@@ -136,6 +136,7 @@ def fit_scales(x: np.ndarray, y: np.ndarray, noise: float, start: np.ndarray) ->
 
 class ModelGuided(AdaptiveStrategy):
     name = "model"
+    polish = POLISH
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
@@ -211,7 +212,7 @@ class ModelGuided(AdaptiveStrategy):
         first = self.first_picks(used, total)
         if first:
             return self.take(first, k)
-        if used >= POLISH * total:
+        if used >= self.polish * total:
             moves = self.local_moves(k)
             if moves:
                 return self.take(moves, k)
@@ -230,7 +231,7 @@ class ModelGuided(AdaptiveStrategy):
         guess = self.unmeasured(self._hints)
         if used < EXPLORE * total:
             guess += self.unmeasured(self._order[:math.ceil(EXPLORE * total) + n])
-        if used >= POLISH * total - n:
+        if used >= self.polish * total - n:
             guess += self.local_moves(n)  # as many neighbourhoods as the polish would take
         guess += self.unmeasured(self._ranked)
         return [self.space.candidates[i] for i in dict.fromkeys(guess)][:n]

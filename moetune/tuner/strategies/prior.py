@@ -37,9 +37,11 @@ UNKNOWN = 0.5 * CAP  # what the prior assumes of a config no near site measured
 SHRINK = 0.15  # weight of that assumption, as a share of the nearest site's weight
 NEAREST = 24  # most sites a prediction averages over
 MIN_SITE = 5  # ok configs a site needs to say which are fast
+NEIGHBOUR = 0.3  # weight of a one-step neighbour's evidence for a config few near sites measured
+SMOOTH_BELOW = 1.0  # smoothed: configs with less evidence than this many shrink weights
 PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm starts
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
-WEIGHTS = {"density": 1.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
+WEIGHTS = {"density": 2.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
            "active": 1.0}
 DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 
@@ -225,9 +227,24 @@ class PriorGuided(ModelGuided):
         super().start(ctx)
         self.data = self._given if self._given is not None else shared()
         score, weight = self.data.predict(ctx.problem, self.space.index, len(self.space.candidates))
+        if weight.any():
+            score = self._smooth(score, weight)
         self.prior_mean = score if weight.any() else None
         ranked = np.argsort(score, kind="stable")
         self._prior_order = [int(i) for i in ranked if weight[i] > 0]
+
+    def _smooth(self, score: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        """Lend a config that few near sites measured the prior of its one-step neighbours: searched
+        sites measured the good regions' cores, and a core's neighbour is seldom far off it."""
+        w0 = SHRINK * weight.max()
+        total, mass = score * (weight + w0), weight + w0
+        out = score.copy()
+        for i in np.flatnonzero(weight < w0 * SMOOTH_BELOW):
+            nb = [j for j in self.space.neighbours(int(i)) if weight[j] > 0]
+            if nb:
+                out[i] = (total[i] + NEIGHBOUR * sum(weight[j] * score[j] for j in nb)) / (
+                    mass[i] + NEIGHBOUR * sum(weight[j] for j in nb))
+        return out
 
     def observe(self, results: Sequence[Observation]) -> None:
         super().observe(results)
