@@ -102,7 +102,8 @@ class PriorData:
     """Sites to learn from: the committed stores and the current sweep's observations."""
 
     def __init__(self, sites: Iterable[Site] = ()):
-        self.sites: dict[str, Site] = {s.key: s for s in sites}
+        self.sites: dict[str, Site] = {s.key: s for s in sites}  # stored
+        self.live: dict[str, Site] = {}  # the current sweep's, by site key
         self._live: dict[str, tuple[dict[str, float], set[str]]] = {}  # site key -> (times, failed)
 
     @classmethod
@@ -141,7 +142,7 @@ class PriorData:
         return cls.from_frame(pd.concat(frames, ignore_index=True)) if frames else cls()
 
     def without(self, keep: Callable[[Site], bool]) -> PriorData:
-        """A copy holding the sites ``keep`` accepts, and none of this one's live observations."""
+        """A copy holding the stored sites ``keep`` accepts, and none of the current sweep's."""
         return PriorData(s for s in self.sites.values() if keep(s))
 
     def add(self, problem: Problem, results: Sequence[Observation]) -> None:
@@ -155,18 +156,20 @@ class PriorData:
             else:
                 failed.add(o.key)
         if len(times) >= MIN_SITE:
-            self.sites[key] = Site(problem.kernel, dict(problem.shape), problem.routes,
+            self.live[key] = Site(problem.kernel, dict(problem.shape), problem.routes,
                                    problem.active_fraction, problem.routing, _rel(times, failed))
 
     def predict(self, problem: Problem, index: Mapping[str, int], n: int) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (``index``: key -> position, ``n`` candidates): the prior's log time over the
-        point's best, and the weight of evidence behind it (0: no near site measured it)."""
+        point's best, and the weight of evidence behind it (0: no near site measured it). The stored
+        sites count whatever their point; the current sweep's, all but the point's own (its search
+        models those readings itself)."""
         me = site_key(problem.kernel, problem.shape, problem.routes, problem.active_fraction,
                       problem.routing)
+        sites = [*self.sites.values(), *(s for k, s in self.live.items() if k != me)]
         near = sorted(((site_distance(s, problem.kernel, problem.shape, problem.routes,
                                       problem.active_fraction, problem.routing), s)
-                       for s in self.sites.values()
-                       if s.key != me and _family(s.kernel) == _family(problem.kernel)),
+                       for s in sites if _family(s.kernel) == _family(problem.kernel)),
                       key=lambda ds: ds[0])[:NEAREST]
         total, weight = np.zeros(n), np.zeros(n)
         for d, s in near:
