@@ -68,7 +68,7 @@ def repeat_pairs(frame: pd.DataFrame) -> pd.DataFrame:
     need = {*POINT, "config", "status", "time_ms", "sweep_id"}
     missing = need - set(frame.columns)
     if missing:
-        raise ValueError(f"noise data lacks column(s) {sorted(missing)}")
+        raise ValueError(f"--noise-data: lacks column(s) {sorted(missing)}")
     ok = frame[(frame["status"] == "ok") & frame["time_ms"].notna() & (frame["time_ms"] > 0)]
     per = ok.groupby([*POINT, "config", "sweep_id"], dropna=False)["time_ms"].median().reset_index()
     pairs = per.merge(per, on=[*POINT, "config"], suffixes=("_a", "_b"))
@@ -91,7 +91,7 @@ def fit_repeat_noise(frame: pd.DataFrame) -> RepeatNoise:
     """The noise of one reading per range of relative time, from the repeated pairs in ``frame``."""
     pairs = repeat_pairs(frame)
     if len(pairs) < MIN_BIN:
-        raise ValueError(f"noise data: {len(pairs)} repeated measurements; at least {MIN_BIN} are needed "
+        raise ValueError(f"--noise-data: {len(pairs)} repeated measurements; at least {MIN_BIN} are needed "
                          f"(configs measured at one point by two sweeps, {MIN_PAIRS}+ shared per pair)")
     fits: list[NoiseBin | None] = []
     lo = EDGES[0]

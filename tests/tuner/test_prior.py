@@ -12,8 +12,10 @@ from moetune.tuner import replay as rp
 from moetune.tuner.strategies import Observation, SearchContext, get_strategy
 from moetune.tuner.strategies.prior import PriorData, PriorGuided, model_key
 
-X = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "num_warps": 8, "num_stages": 2, "MODE": "b"}
-Y = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "num_warps": 4, "num_stages": 1, "MODE": "a"}
+X = {"BLOCK_SIZE_M": 32, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 64, "num_warps": 8, "num_stages": 2,
+     "MODE": "b"}
+Y = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 256, "num_warps": 4, "num_stages": 1,
+     "MODE": "a"}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_points_of_one_sweep_share_one_model():
     data.add(a, [Observation(c, "ok", 1.0 + i, 0.01) for i, c in enumerate(configs)])
     score, weight = data.predict(b, index, len(configs))
     assert (weight > 0).all() and int(np.argmin(score)) == 0  # point a's fastest ranks first at b
-    assert not data.predict(a, index, len(configs))[1].any()  # its own readings: the search's, not the prior's
+    assert not data.predict(a, index, len(configs))[1].any()  # its own readings: its search's
     assert not data.sites and set(data.live) == {"toy.gemm|" + canonical_json(shape) + "|128|1|uniform"}
 
 
