@@ -16,7 +16,7 @@ from moetune.tuner.strategies.random import RandomSearch
 STRATEGIES: dict[str, type[Strategy]] = {
     s.name: s for s in (Exhaustive, RandomSearch, CoordinateDescent, ModelGuided, PriorGuided)
 }
-DEFAULT_STRATEGY = "model"
+DEFAULT_STRATEGY = "prior"
 
 
 def get_strategy(name: str) -> Strategy:

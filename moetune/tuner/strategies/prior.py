@@ -75,7 +75,7 @@ def model_key(kernel: str, shape: Mapping[str, Any]) -> str:
     (N = hidden, K = intermediate) of one layer share it, so holding out a model holds out both ops."""
     op = kernel.split(".", 1)[-1]
     hidden, inter = (shape["N"], shape["K"]) if op == "down" else (shape["K"], shape["N"] // 2)
-    return f"{_family(kernel)}|E={shape['E']}|top_k={shape['top_k']}|hidden={hidden}|inter={inter}"
+    return f"{_family(kernel)} E={shape['E']} top_k={shape['top_k']} hidden={hidden} inter={inter}"
 
 
 def site_distance(a: Site, kernel: str, shape: Mapping[str, Any], routes: int, active: float,
