@@ -112,3 +112,17 @@ def test_holdout_turns_the_heuristic_off_and_says_so():
     h = rp.Honesty(holdout=True, heuristic=False, warm=True, train=PriorData())
     assert h.describe() == "leave-one-model-out, heuristic off, warm starts on, prior trained on 0 sites"
     assert json.loads(canonical_json(X)) == X
+
+
+def test_a_search_refreshes_its_prior_as_other_points_report(stores):
+    """Points searched at once: a search started before its neighbour measured anything picks up the
+    neighbour's readings at its next proposal."""
+    (b,) = rp.load_points(stores / "b.csv")
+    data = PriorData()
+    s = PriorGuided(data)
+    s.start(SearchContext(None, b.problem, b.configs, budget=40, seed=0))
+    assert s.prior_mean is None
+    other = Problem(b.kernel, b.shape, 8, 64)  # another density of the same shape, best X
+    data.add(other, [Observation(c, "ok", 0.1 if c == X else 0.2 + 0.001 * i, 0.01)
+                     for i, c in enumerate(b.configs[:50] + [X])])
+    assert s.propose(1) == [X]

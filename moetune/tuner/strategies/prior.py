@@ -39,6 +39,7 @@ NEAREST = 24  # most sites a prediction averages over
 MIN_SITE = 5  # ok configs a site needs to say which are fast
 NEIGHBOUR = 0.3  # weight of a one-step neighbour's evidence for a config few near sites measured
 SMOOTH_BELOW = 1.0  # smoothed: configs with less evidence than this many shrink weights
+REFRESH = 1.5  # the prior is recomputed when the other points' readings grew by this factor
 PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm starts
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
 WEIGHTS = {"density": 2.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
@@ -159,6 +160,12 @@ class PriorData:
             self.live[key] = Site(problem.kernel, dict(problem.shape), problem.routes,
                                    problem.active_fraction, problem.routing, _rel(times, failed))
 
+    def live_readings(self, problem: Problem) -> int:
+        """How many of the current sweep's readings at other points the prior at ``problem`` can use."""
+        me = site_key(problem.kernel, problem.shape, problem.routes, problem.active_fraction,
+                      problem.routing)
+        return sum(len(s.rel) for k, s in list(self.live.items()) if k != me)
+
     def predict(self, problem: Problem, index: Mapping[str, int], n: int) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (``index``: key -> position, ``n`` candidates): the prior's log time over the
         point's best, and the weight of evidence behind it (0: no near site measured it). The stored
@@ -166,7 +173,7 @@ class PriorData:
         models those readings itself)."""
         me = site_key(problem.kernel, problem.shape, problem.routes, problem.active_fraction,
                       problem.routing)
-        sites = [*self.sites.values(), *(s for k, s in self.live.items() if k != me)]
+        sites = [*self.sites.values(), *(s for k, s in list(self.live.items()) if k != me)]
         near = sorted(((site_distance(s, problem.kernel, problem.shape, problem.routes,
                                       problem.active_fraction, problem.routing), s)
                        for s in sites if _family(s.kernel) == _family(problem.kernel)),
@@ -229,12 +236,25 @@ class PriorGuided(ModelGuided):
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.data = self._given if self._given is not None else shared()
-        score, weight = self.data.predict(ctx.problem, self.space.index, len(self.space.candidates))
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """The prior at this point from the data as it is now."""
+        assert self.ctx is not None
+        self._evidence = self.data.live_readings(self.ctx.problem)
+        score, weight = self.data.predict(self.ctx.problem, self.space.index, len(self.space.candidates))
         if weight.any():
             score = self._smooth(score, weight)
         self.prior_mean = score if weight.any() else None
         ranked = np.argsort(score, kind="stable")
         self._prior_order = [int(i) for i in ranked if weight[i] > 0]
+
+    def propose(self, n: int) -> list[Config]:
+        # points searched at once (the parallel driver) learn from each other as their readings come
+        assert self.ctx is not None
+        if self.data.live_readings(self.ctx.problem) > REFRESH * max(self._evidence, 1):
+            self._refresh()
+        return super().propose(n)
 
     def _smooth(self, score: np.ndarray, weight: np.ndarray) -> np.ndarray:
         """Lend a config that few near sites measured the prior of its one-step neighbours: searched
