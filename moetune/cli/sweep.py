@@ -54,7 +54,7 @@ def sweep(
                                               "for several")] = "uniform",
     strategy: Annotated[str | None, typer.Option(help="search strategy: prior, model, coordinate, random "
                                                      "or exhaustive \\[default: prior]")] = None,
-    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: prior, "
+    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: prior 5%, "
                                                    "model and coordinate 10% of the point's candidates, at "
                                                    "least 30; random and exhaustive every "
                                                    "candidate]")] = None,

@@ -126,3 +126,8 @@ def test_a_search_refreshes_its_prior_as_other_points_report(stores):
     data.add(other, [Observation(c, "ok", 0.1 if c == X else 0.2 + 0.001 * i, 0.01)
                      for i, c in enumerate(b.configs[:50] + [X])])
     assert s.propose(1) == [X]
+
+
+def test_default_budget_is_a_twentieth():
+    assert PriorGuided.planned(10_000, None) == 500 and PriorGuided.planned(100, None) == 30
+    assert PriorGuided.planned(100, 7) == 7 and PriorGuided.planned(10, None) == 11

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from moetune.problem import Config, Problem, canonical_json
+from moetune.tuner.strategies.adaptive import MIN_BUDGET
 from moetune.tuner.strategies.base import Observation, SearchContext
 from moetune.tuner.strategies.model import ModelGuided
 
@@ -39,6 +40,7 @@ NEAREST = 24  # most sites a prediction averages over
 MIN_SITE = 5  # ok configs a site needs to say which are fast
 NEIGHBOUR = 0.3  # weight of a one-step neighbour's evidence for a config few near sites measured
 SMOOTH_BELOW = 1.0  # smoothed: configs with less evidence than this many shrink weights
+DEFAULT_SHARE = 0.05  # of a point's candidates, when no budget is given (docs/tuner.md, "Replay")
 REFRESH = 1.5  # the prior is recomputed when the other points' readings grew by this factor
 PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm starts
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
@@ -228,6 +230,11 @@ def shared() -> PriorData:
 
 class PriorGuided(ModelGuided):
     name = "prior"
+
+    @classmethod
+    def planned(cls, candidates: int, budget: int | None) -> int:
+        total = budget if budget is not None else max(MIN_BUDGET, math.ceil(DEFAULT_SHARE * candidates))
+        return min(total, candidates + 1)
 
     def __init__(self, data: PriorData | None = None):
         super().__init__()
