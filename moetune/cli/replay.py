@@ -28,7 +28,7 @@ def _cell(v) -> str:
     return str(v)
 
 
-def markdown(summary, points, command: str) -> str:
+def markdown(summary, points, command: str, models=None) -> str:
     """The tables as Markdown, the command that made them first."""
     def md(frame) -> str:
         cols = list(frame.columns)
@@ -36,13 +36,17 @@ def markdown(summary, points, command: str) -> str:
         lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in frame.to_dict("records")]
         return "\n".join(lines)
 
-    return f"`{command}`\n\n{md(summary)}\n\nPer point:\n\n{md(points)}\n"
+    grids = "" if models is None else f"\n\nPer model grid:\n\n{md(models)}"
+    return f"`{command}`\n\n{md(summary)}{grids}\n\nPer point:\n\n{md(points)}\n"
 
 
 SUMMARY_COLUMNS = {"strategy": "strategy", "budget": "budget", "measurements": "measured",
                    "rounds": "batches", "share": "of exhaustive", "quality": "quality (geomean)",
                    "worst_point": "worst point",
                    "within_5pct": "within 5%", "found": "found best"}
+MODEL_COLUMNS = {"strategy": "strategy", "budget": "budget", "model": "model", "points": "points",
+                 "measurements": "measured", "exhaustive": "exhaustive", "quality": "quality (geomean)",
+                 "worst_point": "worst point"}
 POINT_COLUMNS = {"strategy": "strategy", "budget": "budget", "point": "point", "exhaustive": "exhaustive",
                  "measurements": "measured", "rounds": "batches", "quality": "quality", "worst": "worst seed",
                  "found": "found best"}
@@ -60,8 +64,21 @@ def replay(
                                                      "comma-separate)")] = None,
     batch: Annotated[int, typer.Option(help="candidates proposed per batch (GPUs measuring at once)")] = 1,
     noise: Annotated[float, typer.Option(help="scale of the recorded noise drawn per measurement")] = 1.0,
-    heuristic: Annotated[bool, typer.Option(help="measure the spec's heuristic first, as a sweep does (off: "
-                                                 "when the heuristic was derived from this data)")] = True,
+    heuristic: Annotated[bool | None, typer.Option(help="measure the spec's heuristic first, as a sweep "
+                                                        "does (off: when the heuristic was derived from "
+                                                        "this data; off by default with --holdout)")] = None,
+    holdout: Annotated[bool, typer.Option(help="leave one model out: a prior search at a point learns from "
+                                               "--train less every store row of the point's model")] = False,
+    warm_starts: Annotated[bool, typer.Option(help="warm starts from this replay's other ops and densities, "
+                                                   "as a sweep has them")] = True,
+    train: Annotated[list[Path] | None, typer.Option(help="stores the prior strategy learns from (repeat; "
+                                                          "default: the committed data/ stores)")] = None,
+    noise_model: Annotated[str, typer.Option(help="'spread': the recorded spread x --noise; 'repeat': the "
+                                                  "noise of repeated sweeps of a point (fitted on "
+                                                  "--noise-data) x --noise")] = "spread",
+    noise_data: Annotated[list[Path] | None, typer.Option(help="stores to fit --noise-model repeat on "
+                                                               "(repeat; default: the committed data/ "
+                                                               "stores)")] = None,
     min_candidates: Annotated[int, typer.Option(help="leave out points with fewer configs (fragments of a "
                                                      "cut sweep)")] = 20,
     per_point: Annotated[bool, typer.Option(help="also print the per-point table")] = True,
@@ -78,22 +95,39 @@ def replay(
     import sys
 
     from moetune.tuner import replay as rp
+    from moetune.tuner.replay_noise import fit_repeat_noise
+    from moetune.tuner.strategies.prior import PriorData, committed_stores
 
     with user_errors():
         if noise < 0:
             raise ValueError(f"--noise must be >= 0, got {noise}")
+        if noise_model not in ("spread", "repeat"):
+            raise ValueError(f"--noise-model must be 'spread' or 'repeat', got {noise_model!r}")
         budgets = rp.parse_budgets(budget)
         strategies = split_list(strategy)
         rp.replay([], strategies, budgets, seeds, batch)  # bad names and counts fail before the data loads
         skipped: list[str] = []
         with progress("replay", f"reading {data}", quiet) as on_progress:
             points = rp.load_points(data, kernel_list(kernel), min_candidates, skipped)
-            runs = rp.replay(points, strategies, budgets, seeds, batch, noise, heuristic, on_progress)
+            prior = None
+            if "prior" in strategies:
+                prior = PriorData.from_stores(train if train else committed_stores())
+            fitted = None
+            if noise_model == "repeat":
+                fitted = _fit_noise(noise_data if noise_data else committed_stores(), fit_repeat_noise)
+            honesty = rp.Honesty(holdout, (not holdout) if heuristic is None else heuristic, warm_starts,
+                                 prior)
+            runs = rp.replay(points, strategies, budgets, seeds, batch, noise, on_progress=on_progress,
+                             honesty=honesty, noise_model=fitted)
     for label in skipped:
         console.print(f"[yellow]note:[/] left out {label}")
-    summ, pp = rp.summary(runs), rp.per_point(runs)
+    console.print(f"replay: {honesty.describe()}; noise: " +
+                  (f"repeated sweeps x {noise:g} ({fitted.describe()})" if fitted is not None
+                   else f"recorded spread x {noise:g}"))
+    summ, pp, pm = rp.summary(runs), rp.per_point(runs), rp.per_model(runs)
     if per_point:
         console.print(_table("per point (quality over seeds)", pp, POINT_COLUMNS))
+    console.print(_table("per model grid (measurements summed over its points)", pm, MODEL_COLUMNS))
     console.print(_table(f"replay: {len(points)} point(s), {seeds} seed(s), batch {batch}", summ,
                          SUMMARY_COLUMNS))
     if csv:
@@ -101,4 +135,15 @@ def replay(
     if markdown_out:
         command = "moetune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         markdown_out.write_text(markdown(summ.rename(columns=SUMMARY_COLUMNS),
-                                         pp.rename(columns=POINT_COLUMNS), command))
+                                         pp.rename(columns=POINT_COLUMNS), command,
+                                         pm.rename(columns=MODEL_COLUMNS)))
+
+
+def _fit_noise(paths, fit):
+    import pandas as pd
+
+    from moetune.tuner.store import read_frame
+
+    if not paths:
+        raise ValueError("--noise-data: no stores to fit the repeat noise on")
+    return fit(pd.concat([read_frame(p, "--noise-data") for p in paths], ignore_index=True))

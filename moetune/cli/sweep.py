@@ -52,11 +52,12 @@ def sweep(
                                                     "(decode default 1,0.5,0.25)")] = None,
     routing: Annotated[str, typer.Option(help="uniform, zipf:<s> or trace:<file.npy|.pt>; comma separated "
                                               "for several")] = "uniform",
-    strategy: Annotated[str | None, typer.Option(help="search strategy: model, coordinate, random or "
-                                                     "exhaustive \\[default: model]")] = None,
-    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: model and "
-                                                   "coordinate 10% of the point's candidates, at least 30; "
-                                                   "random and exhaustive every candidate]")] = None,
+    strategy: Annotated[str | None, typer.Option(help="search strategy: prior, model, coordinate, random "
+                                                     "or exhaustive \\[default: prior]")] = None,
+    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: prior 5%, "
+                                                   "model and coordinate 10% of the point's candidates, at "
+                                                   "least 30; random and exhaustive every "
+                                                   "candidate]")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
     db: Annotated[Path, typer.Option(help="results database")] = Path(DEFAULT_DB),
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,

@@ -29,8 +29,10 @@ import pandas as pd
 
 from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.registry import get_spec
+from moetune.tuner.replay_noise import RepeatNoise
 from moetune.tuner.store import read_frame
 from moetune.tuner.strategies import Observation, SearchContext, get_strategy
+from moetune.tuner.strategies.prior import PriorData, PriorGuided, as_swept, model_key
 from moetune.tuner.sweep import as_sibling_hint, family
 
 POINT_COLUMNS = ("kernel", "device_name", "shape", "tokens", "routes", "active_fraction", "routing")
@@ -83,13 +85,9 @@ def _shape_text(shape: dict[str, Any]) -> str:
 
 # ---- loading ------------------------------------------------------------------------------------------
 def _as_swept(kernel: str, configs: pd.Series) -> pd.Series:
-    """Stored configs as a sweep of today's spec would propose them: a key the data predates takes the
-    default's value (the resume rule) and equivalent configs share one representative (as at export),
-    so rows from before and after a spec change meet as one candidate."""
-    spec = _spec_or_none(kernel)
-    if spec is None:
-        return configs
-    return configs.map(lambda c: canonical_json(spec.canonical({**spec.default, **json.loads(c)})))
+    """Stored configs as a sweep of today's spec would propose them (:func:`as_swept`), so rows from
+    before and after a spec change meet as one candidate."""
+    return configs.map(lambda c: as_swept(kernel, c))
 
 
 def load_points(path: str | Path, kernels: Sequence[str] = (), min_candidates: int = 1,
@@ -168,10 +166,11 @@ def budget_for(budget: str, point: RefPoint) -> int:
 
 # ---- one run -------------------------------------------------------------------------------------------
 class Lookup:
-    """Measurements at one point, answered from the data with fresh noise."""
+    """Measurements at one point, answered from the data with fresh noise: the recorded spread scaled by
+    ``noise``, or (``model`` given) the noise of repeated sweeps (:mod:`moetune.tuner.replay_noise`)."""
 
-    def __init__(self, point: RefPoint, seed: int, noise: float):
-        self.point, self.noise = point, noise
+    def __init__(self, point: RefPoint, seed: int, noise: float, model: RepeatNoise | None = None):
+        self.point, self.noise, self.model = point, noise, model
         self.rng = np.random.default_rng(zlib.crc32(f"{seed}|{point.label}".encode()))
         self.count = 0
 
@@ -184,20 +183,25 @@ class Lookup:
         status, t, sp = self.point.status[i], self.point.time_ms[i], float(self.point.spread[i])
         if status != "ok":
             return Observation(config, status)
+        if self.model is not None:
+            return Observation(config, "ok", float(t * self.model.draw(self.rng, t / self.point.best_ms,
+                                                                        self.noise)), sp)
         sigma = self.noise * sp / SPREAD_TO_SIGMA
         return Observation(config, "ok", float(t * math.exp(sigma * self.rng.standard_normal())), sp)
 
 
 def replay_point(point: RefPoint, strategy: str, budget: int, seed: int, batch: int = 1,
-                 hints: Sequence[Config] = (), noise: float = 1.0) -> dict[str, Any]:
-    """Run ``strategy`` at ``point`` like a sweep would; its declared winner and the measurements made."""
+                 hints: Sequence[Config] = (), noise: float = 1.0, noise_model: RepeatNoise | None = None,
+                 prior: PriorData | None = None) -> dict[str, Any]:
+    """Run ``strategy`` at ``point`` like a sweep would; its declared winner and the measurements made.
+    ``prior``: the data a ``prior`` search learns from (the committed stores when None)."""
     if batch < 1:
         raise ValueError(f"--batch must be >= 1, got {batch}")
-    look = Lookup(point, seed, noise)
+    look = Lookup(point, seed, noise, noise_model)
     measured: list[Observation] = []
     if point.default is not None:
         measured.append(look.measure(point.default))
-    strat = get_strategy(strategy)
+    strat = PriorGuided(prior) if strategy == PriorGuided.name else get_strategy(strategy)
     strat.start(SearchContext(_spec_or_none(point.kernel), point.problem, point.configs, measured,
                               list(hints), budget, seed))
     seen = {o.key for o in measured}
@@ -231,14 +235,38 @@ def _spec_or_none(kernel: str):
         return None
 
 
+@dataclass(frozen=True)
+class Honesty:
+    """What a replay lets a strategy know beyond the point it replays.
+
+    ``holdout``: leave one model out: a ``prior`` search at a point learns from ``train`` less every site
+    of the point's model (both ops of its layer: they hand each other warm starts), plus what this
+    replay measures at the model's points. ``heuristic``: the spec's heuristic is the first warm start
+    (off when it was derived from the data: it would hand the strategies the answer). ``warm``: the
+    sweep's warm starts (other ops' and nearer densities' winners of this replay)."""
+
+    holdout: bool = False
+    heuristic: bool = True
+    warm: bool = True
+    train: PriorData | None = None  # None: the committed stores
+
+    def describe(self) -> str:
+        out = ["leave-one-model-out" if self.holdout else "no holdout",
+               "heuristic " + ("on" if self.heuristic else "off"),
+               "warm starts " + ("on" if self.warm else "off")]
+        if self.train is not None:
+            out.append(f"prior trained on {len(self.train.sites)} sites")
+        return ", ".join(out)
+
+
 def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Sequence[str], seeds: int,
            batch: int = 1, noise: float = 1.0, heuristic: bool = True,
-           on_progress: Callable[[int, int, str], None] | None = None) -> pd.DataFrame:
+           on_progress: Callable[[int, int, str], None] | None = None,
+           honesty: Honesty | None = None, noise_model: RepeatNoise | None = None) -> pd.DataFrame:
     """One row per (strategy, budget, point, seed). Points of one op and shape run in density order,
     each getting the winners found at the earlier ones (nearest density first) as hints, after the
-    spec's heuristic (``heuristic=False`` leaves it out: a heuristic derived from the data would hand
-    the strategies the answer). ``on_progress(done, total, label)``: before each point's run and after
-    the last."""
+    spec's heuristic (see :class:`Honesty`; ``heuristic`` is its field when ``honesty`` is None).
+    ``on_progress(done, total, label)``: before each point's run and after the last."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if batch < 1:
@@ -247,6 +275,12 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
         raise ValueError("--strategy: give at least one strategy")
     for s in strategies:
         get_strategy(s)
+    honesty = honesty or Honesty(heuristic=heuristic)
+    train = honesty.train
+    if PriorGuided.name in strategies and train is None and points:
+        from moetune.tuner.strategies.prior import shared
+
+        train = shared().without(lambda s: True)
     rows = []
     groups: dict[tuple, list[RefPoint]] = {}
     for p in points:
@@ -256,23 +290,34 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
         for budget in budgets:
             for seed in range(seeds):
                 won: dict[tuple, list[tuple[str, Config]]] = {}  # (path, density point) -> op winners
+                priors: dict[str, PriorData] = {}  # per held-out model (one for all without a holdout)
                 for group in groups.values():
                     found: list[tuple[float, Config]] = []
                     for p in group:
                         near = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
                         at = (family(p.kernel), p.device_name, p.tokens, p.routes, p.active_fraction,
                               p.routing)
-                        first = _heuristic(p) if heuristic else []
-                        hints = first + _siblings(p, won.get(at, [])) + near
+                        first = _heuristic(p) if honesty.heuristic else []
+                        hints = first + (_siblings(p, won.get(at, [])) + near if honesty.warm else [])
+                        model = model_key(p.kernel, p.shape)
+                        prior = None
+                        if strategy == PriorGuided.name:
+                            unit = model if honesty.holdout else ""
+                            if unit not in priors:
+                                priors[unit] = train.without(
+                                    lambda s, m=unit: not m or model_key(s.kernel, s.shape) != m)
+                            prior = priors[unit]
                         if on_progress is not None:
                             on_progress(len(rows), total, f"{strategy} {budget} seed {seed}: {p.label}")
-                        r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise)
+                        r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise,
+                                         noise_model, prior)
                         if r["winner"] is not None:
                             found.append((p.density, json.loads(r["winner"])))
                             won.setdefault(at, []).append((p.kernel, json.loads(r["winner"])))
                         rows.append({"strategy": strategy, "budget": budget, "batch": batch, "seed": seed,
-                                     "point": p.label, "kernel": p.kernel, "density": p.density,
-                                     "exhaustive": len(p.configs), "best_ms": p.best_ms, **r})
+                                     "point": p.label, "kernel": p.kernel, "model": model,
+                                     "density": p.density, "exhaustive": len(p.configs),
+                                     "best_ms": p.best_ms, **r})
     if on_progress is not None:
         on_progress(len(rows), total, "")
     return pd.DataFrame(rows)
@@ -310,6 +355,19 @@ def per_point(runs: pd.DataFrame) -> pd.DataFrame:
                  rounds=("rounds", "mean"),
                  quality=("quality", _geomean), worst=("quality", "max"),
                  found=("quality", lambda q: float((q <= 1.0 + 1e-12).mean()))).reset_index()
+
+
+def per_model(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (strategy, budget, model grid): the points, measurements and exhaustive evaluations summed
+    over its points (mean over seeds), geomean quality over its points and the worst point."""
+    pp = per_point(runs.assign(point=runs["model"] + " / " + runs["point"]))
+    pp = pp.assign(model=pp["point"].str.split(" / ").str[0])
+    out = []
+    for (strategy, budget, model), g in pp.groupby(["strategy", "budget", "model"], sort=False):
+        out.append({"strategy": strategy, "budget": budget, "model": model, "points": len(g),
+                    "measurements": g["measurements"].sum(), "exhaustive": g["exhaustive"].sum(),
+                    "quality": _geomean(g["quality"]), "worst_point": g["quality"].max()})
+    return pd.DataFrame(out)
 
 
 def summary(runs: pd.DataFrame) -> pd.DataFrame:

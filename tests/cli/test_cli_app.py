@@ -62,6 +62,6 @@ def test_sweep_help_shows_the_default_strategy_and_budget(cli):
     assert res.exit_code == 0
     assert f"[default: {DEFAULT_STRATEGY}]" in flat, flat
     adaptive = sorted(n for n, s in STRATEGIES.items() if issubclass(s, AdaptiveStrategy))
-    assert adaptive == ["coordinate", "model"]  # the help names these two as the budgeted ones
+    assert adaptive == ["coordinate", "model", "prior"]  # the help names these as the budgeted ones
     assert f"{DEFAULT_FRACTION:.0%} of the point's candidates, at least {MIN_BUDGET}" in flat, flat
     assert "random and exhaustive every candidate" in flat

@@ -158,3 +158,31 @@ def test_the_heuristic_hint_can_be_left_out(monkeypatch):
     with_h = replay([p], ["coordinate"], ["3"], seeds=1)
     without = replay([p], ["coordinate"], ["3"], seeds=1, heuristic=False)
     assert with_h["quality"].iloc[0] == 1.0 and without["quality"].iloc[0] > 1.0
+
+
+def test_cli_honest_replay_flags(tmp_path):
+    """--holdout, --train, --noise-model repeat with --noise-data, --no-warm-starts through the runner."""
+    import json
+
+    rng = np.random.default_rng(0)
+    noisy = pd.DataFrame([{"kernel": "toy.gemm", "device_name": "Synthetic GPU", "shape": "{}", "tokens": 1,
+                           "routes": 8, "active_fraction": 1.0, "routing": "uniform", "status": "ok",
+                           "config": json.dumps({"i": i}), "sweep_id": s,
+                           "time_ms": (1 + i / 100) * np.exp(0.01 * rng.standard_normal())}
+                          for s in (1, 2) for i in range(200)])
+    noisy.to_csv(tmp_path / "noise.csv", index=False)
+    out_md = tmp_path / "r.md"
+    res = CliRunner().invoke(app, ["replay", "--data", DATA, "--strategy", "prior,model", "--budget", "5%",
+                                   "--seeds", "1", "--holdout", "--train", DATA, "--noise-model", "repeat",
+                                   "--noise-data", str(tmp_path / "noise.csv"), "--no-warm-starts",
+                                   "--markdown", str(out_md)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert "leave-one-model-out, heuristic off, warm starts off" in flat
+    assert "noise: repeated sweeps x 1" in flat and "per model grid" in flat
+    assert "Per model grid" in out_md.read_text()
+    res = CliRunner().invoke(app, ["replay", "--data", DATA, "--seeds", "1", "--noise-model", "wide"])
+    assert res.exit_code != 0 and "--noise-model" in res.output and "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["replay", "--data", DATA, "--seeds", "1", "--noise-model", "repeat",
+                                   "--noise-data", DATA])  # the toy data has no repeated sweeps
+    assert res.exit_code != 0 and "--noise-data: lacks column(s) ['sweep_id']" in res.output

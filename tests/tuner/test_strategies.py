@@ -1,4 +1,4 @@
-"""Adaptive strategies (coordinate, model) replayed on stored and synthetic landscapes."""
+"""Adaptive strategies (coordinate, model, prior) replayed on stored and synthetic landscapes."""
 
 import json
 import math
@@ -14,7 +14,7 @@ from moetune.tuner.strategies.features import Space
 from moetune.tuner.strategies.model import GP, _norm_cdf, _norm_pdf
 
 DATA = "tests/data/toy_landscape.csv.gz"
-ADAPTIVE = ("coordinate", "model")
+ADAPTIVE = ("coordinate", "model", "prior")
 
 
 @pytest.fixture(scope="module")

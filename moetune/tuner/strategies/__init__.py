@@ -10,12 +10,13 @@ from moetune.tuner.strategies.base import Observation, SearchContext, Strategy
 from moetune.tuner.strategies.coordinate import CoordinateDescent
 from moetune.tuner.strategies.exhaustive import Exhaustive
 from moetune.tuner.strategies.model import ModelGuided
+from moetune.tuner.strategies.prior import PriorGuided
 from moetune.tuner.strategies.random import RandomSearch
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    s.name: s for s in (Exhaustive, RandomSearch, CoordinateDescent, ModelGuided)
+    s.name: s for s in (Exhaustive, RandomSearch, CoordinateDescent, ModelGuided, PriorGuided)
 }
-DEFAULT_STRATEGY = "model"
+DEFAULT_STRATEGY = "prior"
 
 
 def get_strategy(name: str) -> Strategy:

@@ -84,12 +84,16 @@ class GP:
         v = np.linalg.solve(self.chol, ks.T)
         return ks @ self.alpha, v, np.maximum(1.0 - (v * v).sum(axis=0), 1e-12)
 
-    def believer_picks(self, xs: np.ndarray, best: float, k: int) -> tuple[list[int], np.ndarray]:
+    def believer_picks(self, xs: np.ndarray, best: float, k: int,
+                       shift: np.ndarray | None = None) -> tuple[list[int], np.ndarray]:
         """``k`` rows of ``xs`` by expected improvement over ``best``, one at a time, each added to the
         data at its predicted mean (kriging believer) before the next, and the first round's EI.
         Such a fantasy leaves the mean where it was and shrinks the variance by a rank-one term, so
-        a batch costs one posterior instead of a refit per pick."""
+        a batch costs one posterior instead of a refit per pick. ``shift``: a prior mean per row that
+        the GP models the residual of."""
         mean, v, var = self.posterior(xs)
+        if shift is not None:
+            mean = mean + shift
         fantasies = np.zeros((0, len(xs)))  # each pick's update of the covariance with every row
         picks: list[int] = []
         first = None
@@ -132,6 +136,7 @@ def fit_scales(x: np.ndarray, y: np.ndarray, noise: float, start: np.ndarray) ->
 
 class ModelGuided(AdaptiveStrategy):
     name = "model"
+    polish = POLISH
 
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
@@ -141,6 +146,7 @@ class ModelGuided(AdaptiveStrategy):
         self._scales = np.full(self.space.features.shape[1], 0.6)
         self._fitted_at = 0
         self._ranked: list[int] = []  # the last acquisition's best candidates, best first
+        self.prior_mean: np.ndarray | None = None  # per candidate: a prior log time the GP corrects
 
     # ---- the model -----------------------------------------------------------------------------------
     def _data(self) -> tuple[list[int], np.ndarray]:
@@ -166,8 +172,12 @@ class ModelGuided(AdaptiveStrategy):
             keep = np.concatenate([order[:MAX_TRAIN // 2], rest])
             idx, y = [idx[i] for i in keep], y[keep]
         x = self.space.features[idx]
-        mu, sd = y.mean(), y.std()
-        ys = (y - mu) / sd
+        prior = self.prior_mean[idx] if self.prior_mean is not None else np.zeros(len(idx))
+        resid = y - prior
+        mu, sd = resid.mean(), resid.std()
+        if self.prior_mean is not None and sd < NOISE:  # the prior explains every reading
+            sd = max(y.std(), NOISE)
+        ys = (resid - mu) / sd
         noise = (NOISE / sd) ** 2
         if len(idx) >= REFIT * self._fitted_at:
             self._scales = fit_scales(x, ys, noise, self._scales)
@@ -177,7 +187,11 @@ class ModelGuided(AdaptiveStrategy):
             pool = np.sort(self._rng.choice(pool, POOL, replace=False))
         gp = GP(self._scales, noise)
         gp.fit(x, ys)
-        picks, ei = gp.believer_picks(self.space.features[pool], ys.min(), k)
+        if self.prior_mean is None:
+            picks, ei = gp.believer_picks(self.space.features[pool], ys.min(), k)
+        else:  # in units of sd, the prior plus the GP's residual: a prediction of y / sd
+            shift = (np.minimum(self.prior_mean[pool], y.max() - mu) + mu) / sd
+            picks, ei = gp.believer_picks(self.space.features[pool], y.min() / sd, k, shift)
         # the runners-up of this batch: what the next batches likely hold
         self._ranked = pool[np.argsort(-ei, kind="stable")[:RANKED]].tolist()
         return [int(pool[j]) for j in picks]
@@ -195,13 +209,19 @@ class ModelGuided(AdaptiveStrategy):
         hints = self.unmeasured(self._hints)
         if hints:
             return self.take(hints, k)
-        if used < EXPLORE * total:
-            return self.take(self.unmeasured(self._order), min(k, math.ceil(EXPLORE * total) - used))
-        if used >= POLISH * total:
+        first = self.first_picks(used, total)
+        if first:
+            return self.take(first, k)
+        if used >= self.polish * total:
             moves = self.local_moves(k)
             if moves:
                 return self.take(moves, k)
         return self.take(self._model_picks(k), k)
+
+    def first_picks(self, used: int, total: int) -> list[int]:
+        """What to measure after the warm starts, before the model: a seeded random ``EXPLORE`` of the
+        budget."""
+        return self.unmeasured(self._order)[:max(0, math.ceil(EXPLORE * total) - used)]
 
     def upcoming(self, n: int) -> list[Config]:
         if self.budget_left() <= 0:
@@ -211,7 +231,7 @@ class ModelGuided(AdaptiveStrategy):
         guess = self.unmeasured(self._hints)
         if used < EXPLORE * total:
             guess += self.unmeasured(self._order[:math.ceil(EXPLORE * total) + n])
-        if used >= POLISH * total - n:
+        if used >= self.polish * total - n:
             guess += self.local_moves(n)  # as many neighbourhoods as the polish would take
         guess += self.unmeasured(self._ranked)
         return [self.space.candidates[i] for i in dict.fromkeys(guess)][:n]
