@@ -1,4 +1,4 @@
-"""H200 benchmark of the FP8 block-scale decode path (issue 2): old best configs against the variants.
+"""H200 benchmark of the FP8 block-scale decode path: old best configs against the variants.
 
 One call, within --budget seconds (compiles included), for DeepSeek-V3 TP=8 (E 256, H 7168, I 256,
 top_k 8) at 1/4/16/64 tokens, everything under CUDA graphs:

@@ -1,4 +1,4 @@
-"""How well does a sweep scale over the GPUs of one host? The same sweep, run several ways (issue 10).
+"""How well does a sweep scale over the GPUs of one host? The same sweep, run several ways.
 
 Each mode is the ``moetune sweep`` command a user types, in its own process, with its own store and
 its own empty Triton cache (so each pays its own compiles, as a first sweep on a host does):

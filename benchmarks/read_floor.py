@@ -1,4 +1,4 @@
-"""H200: how fast can one launch just read the bytes a decode GEMM must read (issue 2's 1-token target)?
+"""H200: how fast can one launch just read the bytes a decode GEMM must read (the 1-token target)?
 
 The roofline of fp8 decode gate/up at 1 token (DeepSeek-V3 TP=8: 8 distinct experts' [512, 7168] fp8
 weights and their scales, 29.5 MB) is bytes / copy bandwidth: 6.9 us. That bandwidth is a large copy's.

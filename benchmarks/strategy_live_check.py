@@ -1,4 +1,4 @@
-"""Issue 7's live check: the default strategy against an exhaustive sweep of the same point, on a GPU.
+"""Live check: the default strategy against an exhaustive sweep of the same point, on a GPU.
 
 Both search the same candidates (the job's slice, as the replay data does) with the default's own
 budget rule (a tenth of them), and both start from an empty Triton cache and their own store, so

@@ -1,4 +1,4 @@
-"""Offline: do runs on different cards (or days) agree on a point's best config? (issue 8, no GPU)
+"""Offline: do runs on different cards (or days) agree on a point's best config? (no GPU)
 
 ``moetune export`` merges a config's rows from every pooled store by their fastest median, so where
 two runs ranked configs differently the table follows whichever run measured faster. Two H200 runs

@@ -1,4 +1,4 @@
-"""The picker between table densities, checked on exhaustive stores without a GPU (issue 8's picker check).
+"""The picker between table densities, checked on exhaustive stores without a GPU.
 
 At each point an exhaustive store covers, drop that density's entries from the committed table, let the
 picker's rule choose from the rest (the entry nearest in log density; a tie goes to the lower), and read
