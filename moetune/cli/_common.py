@@ -16,7 +16,7 @@ err_console = Console(stderr=True)
 DEFAULT_DB = DEFAULT_PATH  # git-ignored: a store is data, not source
 
 _SHORT = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-          "num_warps": "w", "num_stages": "s"}
+          "SPLIT_K": "SK", "ROWS_PER_PROGRAM": "R", "num_warps": "w", "num_stages": "s"}
 
 
 def fail(message: str, code: int = 2) -> None:

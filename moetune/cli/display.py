@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from rich import box
 from rich.console import Group
 from rich.live import Live
 from rich.markup import escape
@@ -20,8 +21,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
-from moetune.cli._common import console
+from moetune.cli._common import console, fmt_config
 
 if TYPE_CHECKING:
     from moetune.tuner.backends.base import Backend
@@ -32,14 +34,20 @@ FAILED = ("compile_error", "crash", "timeout", "invalid")
 LIVE_POINTS = 12  # rows of the best-so-far table shown while sweeping
 
 
-SHORT_KEYS = {"BLOCK_SIZE_M": "BM", "BLOCK_SIZE_N": "BN", "BLOCK_SIZE_K": "BK", "GROUP_SIZE_M": "GM",
-              "num_warps": "w", "num_stages": "s", "SPLIT_K": "SK", "ROWS_PER_PROGRAM": "R"}
-
-
-def _short(config: dict[str, Any] | None) -> str:
+def config_change(kernel: str, config: dict[str, Any] | None) -> Text:
+    """The keys where ``config`` differs from the op's default (``fmt_config`` order), "default" where
+    none does; one line, cut with an ellipsis where the column is narrow (``moetune results`` and
+    ``show --wide`` print configs in full)."""
     if config is None:
-        return ""
-    return " ".join(f"{SHORT_KEYS[k]}{v}" if k in SHORT_KEYS else f"{k}={v}" for k, v in config.items())
+        return Text("")
+    from moetune.kernels.rules import get_rules
+
+    try:
+        default = get_rules(kernel).default
+    except ValueError:  # a kernel this process cannot name: the whole config
+        default = {}
+    change = {k: v for k, v in config.items() if default.get(k) != v}
+    return Text(fmt_config(change) if change else "default", no_wrap=True, overflow="ellipsis")
 
 
 def _point(p: Any) -> str:
@@ -78,18 +86,15 @@ class Display:
         self.live.__exit__(*exc)
 
     def _table(self) -> Table:
-        t = Table(title="best so far", title_justify="left", show_edge=False, pad_edge=False)
-        for col in ("kernel", "point", "done", "best ms", "default ms", "speedup", "best config"):
-            t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
         shown = [pt for pt in self.points if pt.counts or pt.already or pt is self.current][-LIVE_POINTS:]
-        for pt in shown:
-            t.add_row(pt.problem.kernel, _point(pt.problem), str(sum(pt.counts.values()) + pt.already),
-                      _ms(pt.best.time_ms if pt.best else None),
-                      _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
-                      f"{pt.speedup:.2f}x" if pt.speedup else "-",
-                      _short(pt.best.config if pt.best else None),
-                      style="bold" if pt is self.current else None)
-        return t
+        rows = [(pt.problem.kernel, _point(pt.problem), str(sum(pt.counts.values()) + pt.already),
+                 _ms(pt.best.time_ms if pt.best else None),
+                 _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                 f"{pt.speedup:.2f}x" if pt.speedup else "-",
+                 config_change(pt.problem.kernel, pt.best.config if pt.best else None)) for pt in shown]
+        return _fitted("best so far", ("kernel", "point", "done", "best ms", "default", "speedup",
+                                       "best config (vs default)"), rows,
+                       ["bold" if pt is self.current else None for pt in shown])
 
     def _workers(self) -> Table:
         t = Table(title="workers", title_justify="left", show_edge=False, pad_edge=False)
@@ -141,17 +146,32 @@ def progress(what: str, start: str = "", quiet: bool = False) -> Iterator[Callab
 
 
 def summary_table(points: list[Any], interpreter: bool) -> Table:
-    t = Table(title="sweep summary" + (" (interpreter: times are meaningless)" if interpreter else ""),
-              title_justify="left")
-    for col in ("kernel", "point", "cand", "pruned", "new", "ok", "rej", "fail", "best ms", "default ms",
-                "speedup", "best config"):
-        t.add_column(col, justify="left" if col in ("kernel", "point", "best config") else "right")
+    """One line a point, within 100 columns: candidates, what this run measured (ok / rejected / failed),
+    best and default times, and the best config as its change from the default (the column that is cut
+    where the line is short)."""
+    rows = []
     for pt in points:
         c = pt.counts
         failed = c["compile_error"] + c["crash"] + c["timeout"] + c["invalid"]
-        t.add_row(pt.problem.kernel, _point(pt.problem), str(len(pt.candidates)), str(pt.pruned),
-                  str(sum(c.values())), str(c["ok"]), str(c["inaccurate"]), str(failed),
-                  _ms(pt.best.time_ms if pt.best else None),
-                  _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
-                  f"{pt.speedup:.2f}x" if pt.speedup else "-", _short(pt.best.config if pt.best else None))
+        rows.append((pt.problem.kernel, _point(pt.problem), str(len(pt.candidates)),
+                     f"{c['ok']}/{c['inaccurate']}/{failed}", _ms(pt.best.time_ms if pt.best else None),
+                     _ms(pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None),
+                     f"{pt.speedup:.2f}x" if pt.speedup else "-",
+                     config_change(pt.problem.kernel, pt.best.config if pt.best else None)))
+    title = "sweep summary" + (" (interpreter: times are meaningless)" if interpreter else "")
+    return _fitted(title, ("kernel", "point", "cand", "ok/rej/fail", "best ms", "default", "speedup",
+                           "best config (vs default)"), rows)
+
+
+def _fitted(title: str, cols: tuple[str, ...], rows: list[tuple], styles: list[str | None] | None = None
+            ) -> Table:
+    """A table whose columns but the last keep their full width; the last (a config) is cut to fit."""
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for i, col in enumerate(cols):
+        last = i == len(cols) - 1
+        width = max([len(col)] + [len(str(r[i])) for r in rows])
+        t.add_column(col, justify="left" if i < 2 or last else "right", no_wrap=True,
+                     min_width=None if last else width, ratio=1 if last else None)
+    for r, style in zip(rows, styles or [None] * len(rows), strict=True):
+        t.add_row(*r, style=style)
     return t

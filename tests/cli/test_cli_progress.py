@@ -101,3 +101,29 @@ def test_export_progress_and_quiet(cli, terminal, tmp_path, no_tables):
     assert "reading the store(s)" in shown.output and "1/1" in shown.output
     assert "reading the store(s)" not in quiet.output and "1/1" not in quiet.output
     assert _plain(quiet.output).count(": 1 added") == 2  # the device's table and the arch's
+
+
+def test_the_sweep_summary_fits_100_columns_and_shows_the_change_from_the_default():
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from moetune.cli.display import summary_table
+    from moetune.kernels.rules import get_rules
+
+    default = dict(get_rules("fp8_decode.gate_up").default)
+    best = SimpleNamespace(config={**default, "BLOCK_SIZE_N": 128, "SPLIT_K": 4}, time_ms=0.0123, ok=True)
+    base = SimpleNamespace(config=default, time_ms=0.0456, ok=True)
+    counts = {"ok": 30, "inaccurate": 1, "compile_error": 0, "crash": 1, "timeout": 0, "invalid": 0}
+    problem = SimpleNamespace(kernel="fp8_decode.gate_up", tokens=64, routes=256, active_fraction=0.5,
+                              routing="zipf:1.2")
+    pt = SimpleNamespace(problem=problem, candidates=[None] * 4524, counts=counts, best=best, baseline=base,
+                         speedup=0.0456 / 0.0123)
+    console = Console(width=100, record=True)
+    console.print(summary_table([pt, pt], interpreter=False))
+    lines = console.export_text().splitlines()
+    assert max(len(line) for line in lines) <= 100
+    row = next(line for line in lines if "fp8_decode.gate_up" in line)
+    # every number whole, the config as its change from the default
+    for cell in ("t64 r256 a0.5 zipf:1.2", "4524", "30/1/1", "0.0123", "0.0456", "3.71x", "BN128 SK4"):
+        assert cell in row, (cell, row)
