@@ -171,10 +171,12 @@ def unknown_kernel(name: str) -> str:
 def picked_routes(tokens: int, top_k: int, active_share: float | None = None) -> int:
     """The route count the layer asks the tile picker for: every route, or the ones ``active_share``
     (the deployment's static expectation of the active share of the top-k slots) says are active.
-    The tables are keyed on active routes; launches still cover every route."""
+    The tables are keyed on active routes; launches still cover every route. A share of 0 leaves only
+    the launches to pay, where every route's tiles have the coarser grid: it asks for every route
+    (docs/kernels/fp8_decode.md, layer options)."""
     if active_share is None:
         return tokens * top_k
     if isinstance(active_share, bool) or not isinstance(active_share, (int, float)) \
             or not 0 <= active_share <= 1:
         raise ValueError(f"active_share must be None or a number in [0, 1], got {active_share!r}")
-    return round(tokens * top_k * active_share)
+    return round(tokens * top_k * active_share) or tokens * top_k

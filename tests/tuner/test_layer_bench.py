@@ -14,7 +14,8 @@ from moetune.tuner.layer_bench import LayerBenchOptions, bench_layer, graph_us
 def test_the_layer_asks_the_picker_for_the_routes_the_hint_says_are_active():
     assert picked_routes(4, 8) == 32
     assert picked_routes(4, 8, 0.25) == 8
-    assert picked_routes(64, 8, 0.0) == 0
+    assert picked_routes(64, 8, 0.0) == 512  # no active route: every route's (coarser) tiles
+    assert picked_routes(1, 8, 0.01) == 8
     for bad in (-0.1, 1.5, float("nan"), True, "half"):
         with pytest.raises(ValueError, match="active_share"):
             picked_routes(4, 8, bad)

@@ -21,7 +21,7 @@ def _layer(device, m=4, top_k=4, e=6):
     return x, w13, s13, w2, s2, rw, ids
 
 
-@pytest.mark.parametrize("hint,asked", [(None, 16), (0.25, 4), (0.0, 0)])
+@pytest.mark.parametrize("hint,asked", [(None, 16), (0.25, 4), (0.0, 16)])
 def test_the_picker_is_asked_for_the_hinted_active_routes(monkeypatch, hint, asked, device):
     import moetune.tables.picker as picker
 
