@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -98,8 +97,11 @@ def bench(
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
     if layer:
-        _bench_layer(model, tp, tokens, active, seed, LayerOptions(copies, replays, hint), markdown, csv,
-                     quiet)
+        from moetune.tuner.layer_bench import LayerBenchOptions
+
+        with user_errors():
+            opts = LayerBenchOptions(copies=copies, replays=replays, seed=seed, hint=hint)
+        _bench_layer(model, tp, tokens, active, opts, markdown, csv, quiet)
         return
     from moetune.tuner.backends.process import Runner
     from moetune.tuner.bench import KERNEL_ONLY_NOTE, _writable, bench_jobs, bench_problems, plan_bench
@@ -139,24 +141,16 @@ def bench(
                 console.print(f"wrote {write(path)}", highlight=False, soft_wrap=True)
 
 
-@dataclass(frozen=True)
-class LayerOptions:
-    copies: int
-    replays: int
-    hint: bool
-
-
-def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, seed: int,
-                 lo: LayerOptions, markdown: Path | None, csv: Path | None, quiet: bool) -> None:
+def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, opts: Any,
+                 markdown: Path | None, csv: Path | None, quiet: bool) -> None:
     from moetune.models import get_model
     from moetune.tuner.bench import _writable, markdown_table
-    from moetune.tuner.layer_bench import LayerBenchOptions, bench_layer
+    from moetune.tuner.layer_bench import bench_layer
 
     with user_errors():
         if model is None:
             raise ValueError("--layer needs --model")
         preset = get_model(model)
-        opts = LayerBenchOptions(copies=lo.copies, replays=lo.replays, seed=seed, hint=lo.hint)
         for path, option in ((markdown, "--markdown"), (csv, "--csv")):
             if path is not None:
                 _writable(path, option)
@@ -165,7 +159,7 @@ def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | N
         with progress("bench --layer", "making weight copies", quiet) as on_progress:
             result = bench_layer(preset, tp, token_list, shares, opts, on_progress=on_progress)
     t = Table(title=f"fp8 decode {preset.name} TP{tp} on {result.device}: us per launch, graph of "
-                    f"{lo.copies}, median of {lo.replays}", title_justify="left")
+                    f"{opts.copies}, median of {opts.replays}", title_justify="left")
     for col in ("tokens", "active", "gate/up us", "down us", "layer us", "layer error"):
         t.add_column(col, justify="right")
     for r in result.rows:

@@ -192,7 +192,7 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
         out = inputs.outputs[0]
         if split > 1:
             torch.sum(self._partials(inputs, split), dim=0, out=out)
-        out[inputs.tensors["topk_ids"].reshape(-1) < 0] = 0.0
+        out.masked_fill_((inputs.tensors["topk_ids"].reshape(-1) < 0)[:, None], 0.0)
 
     def poison(self, inputs: Inputs) -> None:
         super().poison(inputs)

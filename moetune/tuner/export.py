@@ -286,7 +286,7 @@ def _device_table(spec: KernelSpec, device: str, arch: str, shape: dict, rows: l
         lambda: defaultdict(lambda: defaultdict(list)))
     for r in rows:
         if r["status"] == "ok":
-            pt = (int(r["tokens"]), int(r["routes"]), float(r["active_fraction"]), r["routing"])
+            pt = point_key(r)
             by_density[tables.density_key(r["routes"] / shape["E"])][pt][r["config_key"]].append(r)
     entries = []
     for dkey in sorted(by_density):
@@ -354,13 +354,14 @@ def current_launch_rows(spec: KernelSpec, arch: str, rows: list[dict]) -> list[d
     want = spec.launch_contract(arch)
     if want is None:
         return rows
-
-    def point(r: dict) -> tuple:
-        return r["tokens"], r["routes"], float(r["active_fraction"]), r["routing"]
-
-    current = {point(r) for r in rows if r.get("launch") == want}
+    current = {point_key(r) for r in rows if r.get("launch") == want}
     return [r for r in rows if r.get("launch") == want
-            or (not _opt(r.get("launch")) and point(r) not in current)]
+            or (not _opt(r.get("launch")) and point_key(r) not in current)]
+
+
+def point_key(row: Mapping[str, Any]) -> tuple[int, int, float, str]:
+    """A row's point: (tokens, routes, active fraction, routing)."""
+    return int(row["tokens"]), int(row["routes"]), float(row["active_fraction"]), row["routing"]
 
 
 def export(db: str | Path | Sequence[str | Path], out: str | Path = picker.PACKAGED, *,
