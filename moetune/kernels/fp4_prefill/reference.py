@@ -1,5 +1,5 @@
 """The FP4 prefill MoE in pure torch (fp32 math on the dequantized weights): what ``fp4_prefill_moe`` is
-checked against."""
+checked against; and the route alignment in torch ops, what ``align_routes`` is checked against."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from moetune.kernels.activations import check_activation, gated_activation
+from moetune.kernels.fp4_prefill.align import Alignment, max_slots
 from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
 from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from moetune.quant.mxfp4 import dequantize_mxfp4
@@ -49,3 +50,31 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
             y = y + weight * w2_bias[e].float()
         out.index_add_(0, tok, y)
     return out.to(x.dtype)
+
+
+def align_routes_reference(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> Alignment:
+    """``align_routes`` in eager torch ops: the same bytes (a stable sort by expert)."""
+    dev = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    routes = flat.numel()
+    # Inactive (-1) and out-of-range ids go to a dump bin E that is never padded or launched.
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, torch.full_like(flat, num_experts))
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    pad_end = torch.cumsum(padded, 0)
+    pad_start = pad_end - padded
+    cnt_start = torch.cumsum(counts, 0) - counts
+    order = torch.sort(key, stable=True).indices
+    sorted_key = key[order]
+    rank = torch.arange(routes, device=dev) - cnt_start[sorted_key]
+    slots = max_slots(routes, num_experts, block_m)
+    start = torch.cat((pad_start, pad_start.new_full((1,), slots)))  # dump bin -> slot `slots`
+    dest = torch.where(sorted_key < num_experts, start[sorted_key] + rank, slots)
+    sorted_ids = torch.full((slots + 1,), routes, dtype=torch.int32, device=dev)
+    sorted_ids.scatter_(0, dest, order.to(torch.int32))
+    block_start = torch.arange(slots // block_m, device=dev) * block_m
+    expert = torch.searchsorted(pad_end, block_start, right=True)
+    total = pad_end[-1:] if num_experts else torch.zeros(1, dtype=torch.long, device=dev)
+    expert = torch.where(block_start < total, expert, torch.full_like(expert, -1))
+    return Alignment(sorted_ids[:slots], expert.to(torch.int32), total.to(torch.int32), block_m, routes)

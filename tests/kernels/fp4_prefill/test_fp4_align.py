@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from moetune.kernels.fp4_prefill.align import align_routes, max_slots
+from moetune.kernels.fp4_prefill.reference import align_routes_reference
 from moetune.routing import make_routes
 
 
@@ -58,6 +59,67 @@ def test_worst_case_exactly_fits():
     a = align_routes(ids, 8, 16)
     assert a.num_padded.item() == 128 and a.sorted_ids.numel() >= 128
     _check(ids, 8, 16)
+
+
+def _same_bytes(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int) -> None:
+    got = align_routes(ids, num_experts, block_m, chunk=chunk)
+    want = align_routes_reference(ids, num_experts, block_m)
+    assert (got.block_m, got.routes) == (want.block_m, want.routes)
+    for name in ("sorted_ids", "expert_ids", "num_padded"):
+        a, b = getattr(got, name), getattr(want, name)
+        assert a.dtype == b.dtype == torch.int32 and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("tokens,top_k,experts,block_m,chunk,routing,active", [
+    (50, 4, 16, 16, 16, "uniform", 0.75),     # many chunks, the last one partial
+    (37, 6, 13, 32, 32, "zipf:2", 1.0),        # E not a power of two, skewed
+    (64, 2, 7, 1, 16, "zipf:4", 0.5),          # block_m 1, half the routes inactive
+    (200, 6, 64, 64, 64, "uniform", 0.9),
+    (100, 4, 256, 16, 128, "zipf:3", 0.8),     # E 256: dump bin past a power of two
+    (90, 4, 128, 256, 1024, "uniform", 1.0),   # the default chunk, one program
+])
+def test_same_bytes_as_the_torch_reference(tokens, top_k, experts, block_m, chunk, routing, active):
+    g = torch.Generator().manual_seed(tokens * experts + block_m)
+    ids, _ = make_routes(tokens, top_k, experts, routing=routing, active_fraction=active, generator=g)
+    _same_bytes(ids, experts, block_m, chunk)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_edge_cases_match_the_reference(dtype):
+    _same_bytes(torch.zeros(0, 4, dtype=dtype), 8, 16, 16)              # zero routes
+    _same_bytes(torch.zeros(0, 4, dtype=dtype), 0, 16, 16)              # nothing at all
+    _same_bytes(torch.full((9, 2), -1, dtype=dtype), 5, 16, 16)          # all inactive
+    _same_bytes(torch.zeros(21, 2, dtype=dtype), 1, 16, 16)              # one expert
+    _same_bytes(torch.tensor([[3, -7], [9, 2], [-1, 4]], dtype=dtype), 5, 4, 16)  # out-of-range ids
+    _same_bytes(torch.randint(-1, 3, (33,), dtype=dtype), 3, 8, 16)     # 1-D ids, 33 = 2 chunks + 1
+    strided = torch.randint(0, 6, (40, 4), dtype=dtype)[:, ::2]
+    _same_bytes(strided, 6, 16, 16)                                        # non-contiguous ids
+
+
+def test_bad_arguments_are_refused():
+    ids = torch.zeros(4, 2, dtype=torch.int32)
+    for kwargs, match in (({"block_m": 0}, "block_m"), ({"num_experts": -1}, "num_experts"),
+                          ({"chunk": 24}, "chunk"), ({"chunk": 8}, "chunk")):
+        args = {"num_experts": 4, "block_m": 16, **kwargs}
+        chunk = args.pop("chunk", 16)
+        with pytest.raises(ValueError, match=match):
+            align_routes(ids, args["num_experts"], args["block_m"], chunk=chunk)
+    with pytest.raises(ValueError, match="topk_ids"):
+        align_routes(ids.float(), 4, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("routes,experts,top_k",
+                         [(768, 256, 6), (49152, 256, 6), (98304, 128, 4), (3000, 100, 3)])
+@pytest.mark.parametrize("block_m", [16, 128, 256])
+def test_gpu_sizes_match_the_reference(routes, experts, top_k, block_m):
+    g = torch.Generator().manual_seed(routes + block_m)
+    ids, _ = make_routes(routes // top_k, top_k, experts, routing="zipf:2", active_fraction=0.9, generator=g)
+    ids = ids.cuda()
+    got = align_routes(ids, experts, block_m)
+    want = align_routes_reference(ids, experts, block_m)
+    for name in ("sorted_ids", "expert_ids", "num_padded"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
 @pytest.mark.gpu
