@@ -41,6 +41,16 @@ def max_slots(routes: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
+def _exchange(h, bit, axis: tl.constexpr, stage: tl.constexpr, N: tl.constexpr):
+    """One compare-exchange step of ``_sort``: partners differ in index bit N - 1 - axis."""
+    partner = tl.sum(h, axis, keep_dims=True) - h
+    flip = tl.reshape(bit, [1] * axis + [2] + [1] * (N - 1 - axis))  # 1: the right partner
+    if stage < N:  # descending runs where index bit `stage` is set
+        flip = flip ^ tl.reshape(bit, [1] * (N - 1 - stage) + [2] + [1] * stage)
+    return tl.where((h > partner) != (flip == 1), partner, h)
+
+
+@triton.jit
 def _sort(x, N: tl.constexpr):
     """Ascending bitonic sort of 2 ** N distinct int32 keys: ``tl.sort``'s hypercube network with the
     partner found by a sum, not a xor reduction (which the interpreter runs element by element)."""
@@ -48,12 +58,8 @@ def _sort(x, N: tl.constexpr):
     bit = tl.arange(0, 2)
     for stage in tl.static_range(1, N + 1):
         for j in tl.static_range(stage):
-            axis: tl.constexpr = N - stage + j  # partners differ in index bit N - 1 - axis
-            partner = tl.sum(h, axis, keep_dims=True) - h
-            flip = tl.reshape(bit, [1] * axis + [2] + [1] * (N - 1 - axis))  # 1: the right partner
-            if stage < N:  # descending runs where index bit `stage` is set
-                flip = flip ^ tl.reshape(bit, [1] * (N - 1 - stage) + [2] + [1] * stage)
-            h = tl.where((h > partner) != (flip == 1), partner, h)
+            # the axis goes in as an argument: Triton 3.6 refuses a constexpr local reassigned per step
+            h = _exchange(h, bit, N - stage + j, stage, N)
     return tl.reshape(h, x.shape)
 
 
