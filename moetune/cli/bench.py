@@ -93,6 +93,8 @@ def bench(
     replays: Annotated[int, typer.Option(help="--layer: graph replays timed (median kept)")] = 60,
     hint: Annotated[bool, typer.Option(help="--layer: tell the layer each point's active share "
                                             "(active_share), else tiles are picked for every route")] = True,
+    override: Annotated[list[str] | None, typer.Option("--set", help="--layer: KEY=VALUE set in both GEMMs' "
+                                                       "picked configs (repeat), e.g. PERSISTENT=4")] = None,
     quiet: Annotated[bool, typer.Option(help="no progress bar")] = False,
 ) -> None:
     """Time the shipped default, the heuristic and the table's pick at each point, each checked first."""
@@ -100,7 +102,8 @@ def bench(
         from moetune.tuner.layer_bench import LayerBenchOptions
 
         with user_errors():
-            opts = LayerBenchOptions(copies=copies, replays=replays, seed=seed, hint=hint)
+            opts = LayerBenchOptions(copies=copies, replays=replays, seed=seed, hint=hint,
+                                     override=_overrides(override or []))
         _bench_layer(model, tp, tokens, active, opts, markdown, csv, quiet)
         return
     from moetune.tuner.backends.process import Runner
@@ -139,6 +142,17 @@ def bench(
         for path, write in ((markdown, result.write_markdown), (csv, result.write_csv)):
             if path is not None:
                 console.print(f"wrote {write(path)}", highlight=False, soft_wrap=True)
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a config mapping (integer values as ints)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set takes KEY=VALUE, got {item!r}")
+        out[key] = int(value) if value.lstrip("-").isdigit() else value
+    return out
 
 
 def _bench_layer(model: str | None, tp: int, tokens: str | None, active: str | None, opts: Any,

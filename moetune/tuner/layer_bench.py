@@ -21,6 +21,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,7 @@ class LayerBenchOptions:
     warmup: int = 3
     seed: int = 0
     hint: bool = True  # the layer told the point's active share (``active_share``); False: picked for all
+    override: dict[str, Any] = field(default_factory=dict)  # keys set in both GEMMs' picked configs
 
     def __post_init__(self) -> None:
         for name in ("copies", "replays"):
@@ -139,7 +141,7 @@ def bench_layer(model: ModelPreset, tp: int, tokens: Sequence[int], active: Sequ
                 opts: LayerBenchOptions | None = None,
                 on_progress: Callable[[int, int, str], None] | None = None) -> LayerBenchResult:
     """Per-GEMM and layer times of ``model`` at ``tp`` over ``tokens`` x ``active`` on the current GPU."""
-    from moetune.kernels.fp8_decode.config import gemm_shapes
+    from moetune.kernels.fp8_decode.config import check_gemm_config, gemm_shapes
     from moetune.kernels.fp8_decode.layer import decode_moe_into, layer_buffers, resolve_config
     from moetune.kernels.fp8_decode.pdl import resolve_pdl
     from moetune.kernels.fp8_decode.reference import fp8_decode_moe_reference
@@ -163,6 +165,7 @@ def bench_layer(model: ModelPreset, tp: int, tokens: Sequence[int], active: Sequ
         if on_progress is not None:
             on_progress(n, len(points), f"t{t} a{f:g}")
         cfg = resolve_config(None, shapes, picked_routes(t, model.top_k, f if opts.hint else None))
+        cfg = {g: check_gemm_config({**c, **opts.override}, f"{g} with override") for g, c in cfg.items()}
         runs, ref_args = [], None
         for c in copies:
             ids, rw = make_routes(t, model.top_k, e, active_fraction=f, generator=gen, device="cuda",

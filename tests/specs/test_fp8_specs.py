@@ -267,7 +267,7 @@ def test_the_w8a16_gemv_compiles_the_same_sm90_binary_for_every_num_stages():
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "PDL": False,
-             "GEMV_STAGES": 1}
+             "GEMV_STAGES": 1, "PERSISTENT": False, "R_P2": 1}
     got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.gemm._route_gemm_kernel", "const": const,
                          "types": types, "options": {"num_warps": 4, "num_stages": st}} for st in (1, 2, 4)])
     if isinstance(got, str):
@@ -292,7 +292,7 @@ def test_gemv_stages_pipeline_the_w8a16_gemv_and_nothing_else():
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": False, "A_ROW_DIV": 8, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 512,
-             "PREFETCH": False, "PDL": False}
+             "PREFETCH": False, "PDL": False, "PERSISTENT": False, "R_P2": 1}
     got = compile_sm90([{"kernel": "moetune.kernels.fp8_decode.gemm._route_gemm_kernel",
                          "const": {**const, "GEMV_STAGES": st}, "types": types,
                          "aligned": ["a_ptr", "w_ptr", "s_ptr", "ids_ptr", "rw_ptr", "out_ptr", "stride_am",
@@ -330,7 +330,7 @@ def test_every_split_k_of_a_tile_runs_one_binary():
     types = {"a_ptr": "*bf16", "w_ptr": "*fp8e4nv", "s_ptr": "*fp32", "ids_ptr": "*i32", "rw_ptr": "*fp32",
              "out_ptr": "*fp32"}
     const = {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128, "PREFETCH": False,
-             "GEMV_STAGES": 1, "PDL": False}
+             "GEMV_STAGES": 1, "PDL": False, "PERSISTENT": False, "R_P2": 1}
     got = compile_sm90([{"kernel": kernels[0], "const": const, "types": types,
                          "options": {"num_warps": 4, "num_stages": 1}}])
     if isinstance(got, str):

@@ -64,3 +64,24 @@ def test_bench_layer_checks_and_times_a_small_model(device):
     res = bench_layer(get_model("tiny"), 1, [1, 4], [1.0, 0.5], LayerBenchOptions(copies=2, replays=3))
     assert [(r.tokens, r.active_fraction) for r in res.rows] == [(1, 1.0), (1, 0.5), (4, 1.0), (4, 0.5)]
     assert all(r.layer_us > 0 and r.gate_up_us > 0 and r.down_us > 0 and r.error < 1e-2 for r in res.rows)
+
+
+def test_set_overrides_parse_and_bad_ones_fail_in_one_line():
+    from moetune.cli.bench import _overrides
+
+    assert _overrides(["PERSISTENT=4", "ALGO=grouped"]) == {"PERSISTENT": 4, "ALGO": "grouped"}
+    for bad in ("PERSISTENT", "=4"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            _overrides([bad])
+    res = CliRunner().invoke(app, ["bench", "-m", "tiny", "--layer", "--set", "PERSISTENT", "--quiet"])
+    assert res.exit_code != 0 and "KEY=VALUE" in res.output
+
+
+@pytest.mark.gpu
+def test_bench_layer_applies_the_override_to_both_gemms(device):
+    from moetune.models import get_model
+
+    res = bench_layer(get_model("tiny"), 1, [4], [1.0, 0.0],
+                      LayerBenchOptions(copies=2, replays=3, override={"PERSISTENT": 2}))
+    assert all('"PERSISTENT":2' in r.gate_up_config and '"PERSISTENT":2' in r.down_config for r in res.rows)
+    assert all(r.error < 1e-2 for r in res.rows)

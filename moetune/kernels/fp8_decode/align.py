@@ -9,6 +9,8 @@ docs/kernels/fp8_decode.md, ALIGN_METHOD.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -18,14 +20,15 @@ from moetune.kernels.fp8_decode.pdl import pdl_args, pdl_enter
 
 @triton.jit
 def _align_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, R, MAX_BLOCKS, E,
+    ids_ptr, sorted_ptr, block_expert_ptr, used_ptr, R, MAX_BLOCKS, E,
     BLOCK_SIZE_M: tl.constexpr, E_P2: tl.constexpr, CHUNK: tl.constexpr, FILL: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One program: bucket the active routes by expert, each bucket padded to BLOCK_SIZE_M.
 
-    Writes block_expert[b] (expert of M block b, -1 past the used blocks) and sorted[b * BLOCK_SIZE_M + i]
-    (route ids, R for padding). Counts and ranks come from one-hot sums, so the result is deterministic."""
+    Writes block_expert[b] (expert of M block b, -1 past the used blocks), sorted[b * BLOCK_SIZE_M + i]
+    (route ids, R for padding) and used[0] (the used blocks). Counts and ranks come from one-hot sums, so
+    the result is deterministic."""
     pdl_enter(PDL)
     experts = tl.arange(0, E_P2)
     lane = tl.arange(0, CHUNK)
@@ -36,6 +39,7 @@ def _align_kernel(
     nblk = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
     ends = tl.cumsum(nblk, 0)
     cursor = (ends - nblk) * BLOCK_SIZE_M
+    tl.store(used_ptr, tl.sum(nblk, 0))
     for b0 in range(0, MAX_BLOCKS, CHUNK):
         b = b0 + lane
         owner = tl.sum((ends[None, :] <= b[:, None]).to(tl.int32), axis=1)
@@ -57,7 +61,7 @@ def _align_kernel(
 
 @triton.jit
 def _align_sort_kernel(
-    ids_ptr, sorted_ptr, block_expert_ptr, shift_ptr, R, MAX_BLOCKS, E,
+    ids_ptr, sorted_ptr, block_expert_ptr, used_ptr, shift_ptr, R, MAX_BLOCKS, E,
     BLOCK_SIZE_M: tl.constexpr, R_P2: tl.constexpr, BINS: tl.constexpr, FILL: tl.constexpr, PDL: tl.constexpr,
 ):
     """``_align_kernel``'s result (the same bytes) from one histogram and one sort of R_P2 keys
@@ -72,6 +76,7 @@ def _align_sort_kernel(
     counts = tl.where(bins < E, tl.histogram(tl.where(active, ids, E), BINS), 0)
     nblk = (counts + BLOCK_SIZE_M - 1) // BLOCK_SIZE_M
     tl.store(shift_ptr + bins, (tl.cumsum(nblk, 0) - nblk) * BLOCK_SIZE_M - (tl.cumsum(counts, 0) - counts))
+    tl.store(used_ptr, tl.sum(nblk, 0))
     for i0 in range(0, MAX_BLOCKS * BLOCK_SIZE_M, FILL):
         i = i0 + tl.arange(0, FILL)
         tl.store(sorted_ptr + i, tl.zeros([FILL], tl.int32) + R, mask=i < MAX_BLOCKS * BLOCK_SIZE_M)
@@ -83,6 +88,14 @@ def _align_sort_kernel(
     pos = lane + tl.load(shift_ptr + expert, mask=used, other=0)
     tl.store(sorted_ptr + pos, key % R_P2, mask=used)
     tl.store(block_expert_ptr + pos // BLOCK_SIZE_M, expert, mask=used & (pos % BLOCK_SIZE_M == 0))
+
+
+class RouteBlocks(NamedTuple):
+    """``align_routes``' result: routes bucketed by expert in M blocks of BLOCK_SIZE_M."""
+
+    sorted_ids: torch.Tensor  # int32 [max_blocks * block_m]: route ids, R for padding
+    block_expert: torch.Tensor  # int32 [max_blocks]: expert of each block, -1 past the used ones
+    used_blocks: torch.Tensor  # int32 [1]: blocks in use (a prefix), for grids that loop over them
 
 
 def max_blocks(routes: int, num_experts: int, block_m: int) -> int:
@@ -97,9 +110,9 @@ _SORT_MAX_ROUTES = 4096  # one program sorts all routes in registers; above, "on
 
 
 def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method: str | None = None, *,
-                 pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bucket routes by expert: (sorted route ids [max_blocks * block_m] int32, padding = R;
-    block_expert [max_blocks] int32, -1 for unused blocks). Within an expert, routes keep their order.
+                 pdl: bool = False) -> RouteBlocks:
+    """Bucket routes by expert (``RouteBlocks``: sorted route ids, padding = R; each block's expert, -1
+    for unused blocks; the count of used blocks). Within an expert, routes keep their order.
 
     Sizes depend only on the route count, E and block_m, so this is CUDA-graph capturable. ``method``
     (default ``ALIGN_METHOD``): "onehot" or "sort" (same result); "sort" holds every route in one
@@ -112,10 +125,11 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method:
     nb = max_blocks(routes, num_experts, block_m)
     sorted_ids = torch.empty(nb * block_m, dtype=torch.int32, device=ids.device)
     block_expert = torch.empty(nb, dtype=torch.int32, device=ids.device)
+    used = torch.empty(1, dtype=torch.int32, device=ids.device)
     if routes and method == "sort" and routes <= _SORT_MAX_ROUTES:
         bins = triton.next_power_of_2(num_experts + 1)
         shift = torch.empty(bins, dtype=torch.int32, device=ids.device)
-        _align_sort_kernel[(1,)](ids, sorted_ids, block_expert, shift, routes, nb, num_experts,
+        _align_sort_kernel[(1,)](ids, sorted_ids, block_expert, used, shift, routes, nb, num_experts,
                                  BLOCK_SIZE_M=block_m, R_P2=max(16, triton.next_power_of_2(routes)),
                                  BINS=bins, FILL=1024, num_warps=8, **pdl_args(pdl))
     elif routes:
@@ -123,7 +137,7 @@ def align_routes(topk_ids: torch.Tensor, num_experts: int, block_m: int, method:
         # larger tiles were slower on the H200 (docs/kernels/fp8_decode.md, ALIGN_METHOD)
         e_p2 = triton.next_power_of_2(num_experts)
         chunk = max(16, min(128, 8192 // e_p2))
-        _align_kernel[(1,)](ids, sorted_ids, block_expert, routes, nb, num_experts,
+        _align_kernel[(1,)](ids, sorted_ids, block_expert, used, routes, nb, num_experts,
                             BLOCK_SIZE_M=block_m, E_P2=e_p2, CHUNK=chunk, FILL=1024, num_warps=8,
                             **pdl_args(pdl))
-    return sorted_ids, block_expert
+    return RouteBlocks(sorted_ids, block_expert, used)

@@ -17,7 +17,7 @@ ALGOS = ("route", "grouped")
 GEMM_DEFAULT: dict[str, Any] = {
     "ALGO": "route", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 128,
     "SPLIT_K": 1, "SWAP_AB": 0, "A_FP8": 0, "FUSE": 0, "PREFETCH": 0, "W_TMA": 0, "GEMV_STAGES": 1,
-    "num_warps": 4, "num_stages": 1,
+    "PERSISTENT": 0, "num_warps": 4, "num_stages": 1,
 }
 GEMMS = ("gate_up", "down")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -83,6 +83,10 @@ def check_gemm_config(config: Mapping[str, Any], where: str = "config") -> dict[
         ("FUSE", cfg["FUSE"] in (0, 1) and not isinstance(cfg["FUSE"], bool)
          and (cfg["FUSE"] == 0 or (cfg["ALGO"] == "route" and cfg["SPLIT_K"] == 1 and cfg["A_FP8"] == 0)),
          "0 or 1 (1 only for ALGO 'route' with SPLIT_K 1 and A_FP8 0)"),
+        ("PERSISTENT", isinstance(cfg["PERSISTENT"], int) and not isinstance(cfg["PERSISTENT"], bool)
+         and 0 <= cfg["PERSISTENT"] <= 32 and (cfg["PERSISTENT"] == 0 or cfg["FUSE"] == 0),
+         "an int in [0, 32] (programs per SM looping over the active tiles; 0: one program per tile; "
+         "0 with FUSE 1)"),
         ("num_warps", _pow2(cfg["num_warps"]) and cfg["num_warps"] <= 16, "a power of two in [1, 16]"),
         ("num_stages", isinstance(cfg["num_stages"], int) and not isinstance(cfg["num_stages"], bool)
          and 1 <= cfg["num_stages"] <= 8, "an int in [1, 8]"),

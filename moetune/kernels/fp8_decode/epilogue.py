@@ -17,9 +17,9 @@ import triton.language as tl
 
 from moetune.kernels.activations import ACTIVATIONS
 from moetune.kernels.fp8_decode.config import SCALE_BLOCK, check_gemm_config
-from moetune.kernels.fp8_decode.gemm import gemv_tile
 from moetune.kernels.fp8_decode.pdl import pdl_args, pdl_enter
 from moetune.kernels.fp8_decode.split import SplitRows, check_split, round_e4m3
+from moetune.kernels.fp8_decode.tiles import gemv_tile
 
 _ACT_CODE = {name: i for i, name in enumerate(ACTIVATIONS)}
 

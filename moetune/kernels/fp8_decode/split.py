@@ -2,7 +2,7 @@
 
 ``split_fp8_rows`` runs it as a launch of its own; the gated activation (``epilogue``) writes the same
 terms, to the bit, for the down GEMM's input. ``round_e4m3`` is shared with the in-kernel split of
-A_FP8 1 (``gemm._block_tile``).
+A_FP8 1 (``tiles.block_tile``).
 """
 
 from __future__ import annotations

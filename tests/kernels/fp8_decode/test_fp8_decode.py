@@ -206,8 +206,9 @@ def test_grouped_handles_more_routes_than_a_block():
 
 def test_align_routes_buckets_every_active_route_once(device):
     ids = torch.tensor([[0, 3, -1, 3], [5, -1, 0, 2], [3, 3, 1, -1]], dtype=torch.int32, device=device)
-    sorted_ids, block_expert = align_routes(ids, 6, 16)
+    sorted_ids, block_expert, used = align_routes(ids, 6, 16)
     assert block_expert.numel() == max_blocks(12, 6, 16)
+    assert used.tolist() == [int((block_expert >= 0).sum())] == [5]  # experts 0, 1, 2, 3, 5: one block each
     flat = ids.reshape(-1)
     seen = []
     for b, e in enumerate(block_expert.tolist()):

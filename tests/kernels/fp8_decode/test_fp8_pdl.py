@@ -14,15 +14,16 @@ KERNELS = {  # kernel (module.name): (pointer and float argument types, constexp
     "gemm._route_gemm_kernel": (
         {"a_ptr": BF, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32, "rw_ptr": F32, "out_ptr": F32},
         {"APPLY_WEIGHT": False, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256, "A_ROW_DIV": 8, "GEMV_STAGES": 1,
-         "FILL_INACTIVE": False}),
+         "FILL_INACTIVE": False, "PERSISTENT": True, "R_P2": 64}),
     "gemm._grouped_gemm_kernel": (
         {"a_ptr": F8, "lo_ptr": F8, "sa_ptr": F32, "w_ptr": F8, "s_ptr": F32, "ids_ptr": I32,
-         "sorted_ptr": I32, "block_expert_ptr": I32, "rw_ptr": F32, "out_ptr": F32},
+         "sorted_ptr": I32, "block_expert_ptr": I32, "used_ptr": I32, "rw_ptr": F32, "out_ptr": F32},
         {"APPLY_WEIGHT": True, "A_ROW_DIV": 1, "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
-         "SWAP_AB": True, "DOT_FP32": False, "A_FP8": 2, "W_TMA": False, "FILL_INACTIVE": False}),
+         "SWAP_AB": True, "DOT_FP32": False, "A_FP8": 2, "W_TMA": False, "FILL_INACTIVE": False,
+         "PERSISTENT": True}),
     "split._split_rows_kernel": ({"a_ptr": BF, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32}, {"CHUNKS": 8}),
     "align._align_sort_kernel": (
-        {"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "shift_ptr": I32},
+        {"ids_ptr": I32, "sorted_ptr": I32, "block_expert_ptr": I32, "used_ptr": I32, "shift_ptr": I32},
         {"BLOCK_SIZE_M": 16, "R_P2": 64, "BINS": 512, "FILL": 1024}),
     "epilogue._gated_act_kernel": (
         {"gu_ptr": F32, "out_ptr": BF, "ids_ptr": I32, "hi_ptr": F8, "lo_ptr": F8, "sa_ptr": F32,
