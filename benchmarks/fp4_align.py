@@ -69,6 +69,7 @@ def main() -> None:
                     rows.append({"model": model, "experts": experts, "top_k": top_k, "routes": routes,
                                  "block_m": block_m, "chunk": chunk, "same_bytes": same,
                                  "triton_ms": round(ms, 4), "torch_ms": round(torch_ms, 4)})
+                    print(rows[-1], flush=True)  # progress: the table below comes at the end
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)

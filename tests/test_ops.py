@@ -48,7 +48,8 @@ def fp4_layer(m, h=160, i=96, e=4, top_k=2, active=0.5, seed=0):
 
 def fp4_biases(h=160, i=96, e=4, seed=0):
     g = torch.Generator().manual_seed(seed + 100)
-    return torch.randn(e, 2 * i, generator=g).to(torch.bfloat16), torch.randn(e, h, generator=g)
+    return (torch.randn(e, 2 * i, generator=g).to(DEVICE, torch.bfloat16),
+            torch.randn(e, h, generator=g).to(DEVICE))
 
 
 def gather_inputs(m, k, rows, seed=0):

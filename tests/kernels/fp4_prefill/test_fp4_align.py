@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from moetune.kernels.fp4_prefill.align import align_routes, max_slots
 from moetune.kernels.fp4_prefill.reference import align_routes_reference
@@ -37,31 +38,32 @@ def _check(ids: torch.Tensor, num_experts: int, block_m: int) -> None:
 def test_random_routes(block_m, routing):
     g = torch.Generator().manual_seed(block_m)
     ids, _ = make_routes(50, 4, 16, routing=routing, active_fraction=0.75, generator=g)
-    _check(ids, 16, block_m)
+    _check(ids.to(DEVICE), 16, block_m)
 
 
 def test_empty_experts_skewed_and_single_expert():
-    ids = torch.tensor([[5, 5], [5, 0], [5, -1], [-1, -1]], dtype=torch.int32)
+    ids = torch.tensor([[5, 5], [5, 0], [5, -1], [-1, -1]], dtype=torch.int32, device=DEVICE)
     _check(ids, 8, 4)
-    _check(torch.zeros(7, 1, dtype=torch.int64), 1, 16)
+    _check(torch.zeros(7, 1, dtype=torch.int64, device=DEVICE), 1, 16)
 
 
 def test_all_inactive_and_zero_tokens():
-    a = align_routes(torch.full((3, 2), -1, dtype=torch.int32), 4, 16)
+    a = align_routes(torch.full((3, 2), -1, dtype=torch.int32, device=DEVICE), 4, 16)
     assert a.num_padded.item() == 0 and (a.expert_ids == -1).all() and (a.sorted_ids == 6).all()
-    a = align_routes(torch.zeros(0, 2, dtype=torch.int32), 4, 16)
+    a = align_routes(torch.zeros(0, 2, dtype=torch.int32, device=DEVICE), 4, 16)
     assert a.num_padded.item() == 0 and a.routes == 0
 
 
 def test_worst_case_exactly_fits():
     # every expert gets one route: each pads block_m - 1 rows, the most padding possible
-    ids = torch.arange(8, dtype=torch.int32)[:, None]
+    ids = torch.arange(8, dtype=torch.int32, device=DEVICE)[:, None]
     a = align_routes(ids, 8, 16)
     assert a.num_padded.item() == 128 and a.sorted_ids.numel() >= 128
     _check(ids, 8, 16)
 
 
 def _same_bytes(ids: torch.Tensor, num_experts: int, block_m: int, chunk: int) -> None:
+    ids = ids.to(DEVICE)
     got = align_routes(ids, num_experts, block_m, chunk=chunk)
     want = align_routes_reference(ids, num_experts, block_m)
     assert (got.block_m, got.routes) == (want.block_m, want.routes)
@@ -92,7 +94,7 @@ def test_edge_cases_match_the_reference(dtype):
     _same_bytes(torch.zeros(21, 2, dtype=dtype), 1, 16, 16)              # one expert
     _same_bytes(torch.tensor([[3, -7], [9, 2], [-1, 4]], dtype=dtype), 5, 4, 16)  # out-of-range ids
     _same_bytes(torch.randint(-1, 3, (33,), dtype=dtype), 3, 8, 16)     # 1-D ids, 33 = 2 chunks + 1
-    strided = torch.randint(0, 6, (40, 4), dtype=dtype)[:, ::2]
+    strided = torch.randint(0, 6, (40, 4), dtype=dtype).to(DEVICE)[:, ::2]
     _same_bytes(strided, 6, 16, 16)                                        # non-contiguous ids
 
 

@@ -95,7 +95,7 @@ def test_persistent_grid_is_programs_per_sm(monkeypatch):
     _run(x, w, s, ids, {**TILES["grouped"], "PERSISTENT": 2})
     blocks = max_blocks(12, 5, 16) + 1  # the M blocks, then one zeroing program per 16 routes
     assert grids == [want(2, 72, (12, 3, 2)), want(32, 72, (12, 3, 2)),
-                     want(2, blocks * 3 * 2, (blocks, 3, 2))]
+                     want(2, blocks * 3, (blocks, 3, 1))]
     monkeypatch.setattr(gemm_mod, "PERSISTENT_MAX_ROUTES", 8)
     _run(x, w, s, ids, {**TILES["gemv"], "PERSISTENT": 2})
     assert grids[3] == (12, 3, 2)
