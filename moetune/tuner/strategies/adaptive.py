@@ -55,13 +55,21 @@ class AdaptiveStrategy(Strategy):
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.space = Space(ctx.candidates, ctx.keys)
-        self.total = self.planned(len(ctx.candidates), ctx.budget)
-        rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
-        self.rounds = rounds
         self._recheck = hint_indices(self)[:RECHECK]
-        self.reserve = rounds * FINALISTS + len(self._recheck)
+        self._plan_budget()
         self.finals: list[Observation] = []
         self._expanded: set[int] = set()
+
+    def extend(self, budget: int) -> None:
+        super().extend(budget)
+        self._plan_budget()
+
+    def _plan_budget(self) -> None:
+        """The point's total and the share of it reserved for the final re-measurement."""
+        assert self.ctx is not None
+        self.total = self.planned(len(self.ctx.candidates), self.ctx.budget)
+        self.rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
+        self.reserve = self.rounds * FINALISTS + len(self._recheck)
 
     # ---- budget ---------------------------------------------------------------------------------
     def budget_left(self) -> int:

@@ -12,6 +12,7 @@ measured; :meth:`Strategy.fresh` filters for that. An empty proposal ends the se
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,6 +93,16 @@ class Strategy:
     def propose(self, n: int) -> list[Config]:
         """Up to ``n`` not-yet-measured candidates from ``ctx.candidates``; [] when done."""
         raise NotImplementedError
+
+    def extend(self, budget: int) -> None:
+        """Raise the point's budget to ``budget`` after the search stopped (a grid budget's second pass,
+        :mod:`moetune.tuner.grid_budget`): it goes on from where it was, with all it measured."""
+        assert self.ctx is not None, "start() first"
+        self.ctx = dataclasses.replace(self.ctx, budget=budget)
+
+    def first_choices(self, n: int) -> list[str] | None:
+        """The keys of the ``n`` candidates this strategy's prior ranks first; None where it has none."""
+        return None
 
     def upcoming(self, n: int) -> list[Config]:
         """Up to ``n`` unproposed candidates this strategy is likely to propose soon, proposing none:
