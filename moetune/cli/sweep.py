@@ -39,11 +39,11 @@ def _diagnostics(sw: Any, startup: dict[str, float], interpreter: bool) -> None:
 
 def grid_line(sw: Any, points: list[Any]) -> str:
     """What a grid budget gave: its total, and the second pass's points and why they got more."""
-    from moetune.tuner.grid_budget import DESIGN, NEIGHBOURS, PRIOR
+    from moetune.tuner.grid_budget import BOUNDARY, DESIGN, NEIGHBOURS, PRIOR
 
     more = [pt for pt in points if pt.extra]
-    why = {NEIGHBOURS: "neighbours disagree", PRIOR: "best outside the prior's picks",
-           DESIGN: "another design close"}
+    why = {NEIGHBOURS: "neighbours disagree", BOUNDARY: "the design changes across it",
+           PRIOR: "best outside the prior's picks", DESIGN: "another design close"}
     counts = ", ".join(f"{text} {sum(k in pt.why for pt in more)}" for k, text in why.items()
                        if any(k in pt.why for pt in more))
     second = (f"{sum(pt.extra for pt in more)} more at {len(more)} of {len(points)} point(s) ({counts})"
@@ -173,7 +173,7 @@ def sweep(
         tuning.close()
     console.print(summary_table(points, interpreter))
     if sw.grid_total is not None:
-        console.print(grid_line(sw, points))
+        console.print(grid_line(sw, points), soft_wrap=True)
     written = sum(sum(pt.counts.values()) for pt in points)
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id})")
     if verbose:

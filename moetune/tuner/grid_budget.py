@@ -32,7 +32,8 @@ TIE = 0.01  # a neighbour's best that reads within this of the point's best agre
 CLOSE = 0.03  # another design's config this close to the point's best: the point sits at a boundary
 PRIOR_TOP = 10  # the prior's first picks; a best outside them says the prior is wrong here
 
-NEIGHBOURS, PRIOR, DESIGN = "neighbours", "prior", "design"  # why a point gets more (see disagreements)
+# why a point gets more (see disagreements)
+NEIGHBOURS, BOUNDARY, PRIOR, DESIGN = "neighbours", "boundary", "prior", "design"
 
 
 @dataclass(frozen=True)
@@ -118,12 +119,19 @@ def reading(problem: Problem, strategy: Any, spec: Any, first: int, room: int) -
                    strategy.first_choices(PRIOR_TOP), used, room)
 
 
-def _agrees(me: Reading, other: Reading) -> bool:
-    """``other``'s best is ``me``'s, or was measured at ``me`` within ``TIE`` of ``me``'s best."""
-    mine, theirs = me.best, other.best
-    if mine is None or theirs is None:
+def _agrees(a: Reading, b: Reading) -> bool:
+    """Two points can share one config: they have one best, or either's best was measured at the other
+    within ``TIE`` of the other's best."""
+    def serves(config: str, at: Reading) -> bool:
+        return at.times.get(config, math.inf) <= (1 + TIE) * at.times[at.best]
+
+    if a.best is None or b.best is None:
         return False
-    return theirs == mine or me.times.get(theirs, math.inf) <= (1 + TIE) * me.times[mine]
+    return a.best == b.best or serves(b.best, a) or serves(a.best, b)
+
+
+def _design(r: Reading) -> str | None:
+    return None if r.best is None else r.designs[r.best]
 
 
 def disagreements(readings: Sequence[Reading]) -> list[tuple[str, ...]]:
@@ -131,6 +139,8 @@ def disagreements(readings: Sequence[Reading]) -> list[tuple[str, ...]]:
 
     - ``NEIGHBOURS`` when it agrees (:func:`_agrees`) with no point at the nearest lower density nor at
       the nearest higher one of its series (at an end of the series, the one side it has);
+    - ``BOUNDARY`` when the bests on its two sides are of different designs: the design changes across
+      it, so its search may have followed one side's warm starts into the wrong design;
     - ``PRIOR`` when its best is not among its prior's ``PRIOR_TOP`` first picks;
     - ``DESIGN`` when a config of another design than its best's reads within ``CLOSE`` of the best.
 
@@ -150,6 +160,9 @@ def disagreements(readings: Sequence[Reading]) -> list[tuple[str, ...]]:
                   (above, min((o.density for o in above), default=None))) if side]
         if sides and not any(_agrees(r, o) for side in sides for o in side):
             why.append(NEIGHBOURS)
+        designs = [{_design(o) for o in side} - {None} for side in sides]
+        if len(designs) == 2 and all(designs) and not designs[0] & designs[1]:
+            why.append(BOUNDARY)
         best = r.best
         if best is not None and r.prior_top and best not in r.prior_top:
             why.append(PRIOR)
