@@ -6,11 +6,13 @@ boundary between two designs, a prior that is wrong there), its search is not do
 (``moetune sweep --grid-budget``; ``moetune replay --grid-budget``) is spent in two passes:
 
 1. **First pass** (:func:`first_pass`): every point gets ``FIRST_SHARE`` of its candidates, at least
-   ``FIRST_MIN`` measurements, never more than its even share of the grid budget.
+   ``FIRST_MIN`` measurements, never more than its even share of the grid budget. Its search lays out
+   its phases over that even share (``SearchContext.plan``) and is stopped at the first-pass budget,
+   so a first pass is the start of the search a flat budget would make.
 2. **Second pass** (:func:`allocate`): the rest of the grid budget goes to the points that
-   :func:`disagreements` flags, in proportion to their candidates; the others get nothing more. A
-   flagged point's search goes on from where its first pass left it (the same strategy, its budget
-   raised: :meth:`~moetune.tuner.strategies.base.Strategy.extend`).
+   :func:`disagreements` flags, in proportion to their candidates; the others get nothing more. Each
+   point's search goes on from where its first pass left it (the same strategy, its budget set anew:
+   :meth:`~moetune.tuner.strategies.base.Strategy.set_budget`).
 
 Every point's final re-measurement comes after its second pass, within its budget. A grid budget counts
 measurements as a per-point budget does (the default and the final re-measurements included); the
@@ -83,9 +85,15 @@ def first_pass(sizes: Sequence[int], total: int) -> list[int]:
     """Each point's first-pass budget: ``FIRST_SHARE`` of its candidates, at least ``FIRST_MIN``, at
     most its candidates and the default (``size + 1``) and its even share of ``total`` (so the first pass
     never spends more than the grid has), at least one."""
+    return [max(1, min(size + 1, max(FIRST_MIN, math.ceil(FIRST_SHARE * size)), even))
+            for size, even in zip(sizes, even_shares(sizes, total), strict=True)]
+
+
+def even_shares(sizes: Sequence[int], total: int) -> list[int]:
+    """``total`` shared in proportion to the points' candidates: what a flat budget of the same total
+    gives each point, and what its first-pass search plans for."""
     grid = sum(sizes)
-    return [max(1, min(size + 1, max(FIRST_MIN, math.ceil(FIRST_SHARE * size)), total * size // grid))
-            for size in sizes]
+    return [max(1, total * size // grid) for size in sizes]
 
 
 @dataclass(frozen=True)
@@ -138,14 +146,14 @@ def disagreements(readings: Sequence[Reading]) -> list[tuple[str, ...]]:
     """Why each point should get more (empty: it agrees). A point is flagged
 
     - ``NEIGHBOURS`` when it agrees (:func:`_agrees`) with no point at the nearest lower density nor at
-      the nearest higher one of its series (at an end of the series, the one side it has);
+      the nearest higher one of its series (at an end of the series, the one side it has; a point alone
+      in its series has nothing to agree with);
     - ``BOUNDARY`` when the bests on its two sides are of different designs: the design changes across
       it, so its search may have followed one side's warm starts into the wrong design;
     - ``PRIOR`` when its best is not among its prior's ``PRIOR_TOP`` first picks;
     - ``DESIGN`` when a config of another design than its best's reads within ``CLOSE`` of the best.
 
-    A point with no ok reading is flagged ``NEIGHBOURS`` where it has neighbours (its search found
-    nothing yet)."""
+    A point with no ok reading is flagged ``NEIGHBOURS`` (its search found nothing yet)."""
     series: dict[Hashable, list[int]] = {}
     for i, r in enumerate(readings):
         series.setdefault(r.series, []).append(i)
@@ -158,7 +166,7 @@ def disagreements(readings: Sequence[Reading]) -> list[tuple[str, ...]]:
         sides = [[o for o in side if o.density == edge] for side, edge in
                  ((below, max((o.density for o in below), default=None)),
                   (above, min((o.density for o in above), default=None))) if side]
-        if sides and not any(_agrees(r, o) for side in sides for o in side):
+        if not any(_agrees(r, o) for side in sides for o in side):
             why.append(NEIGHBOURS)
         designs = [{_design(o) for o in side} - {None} for side in sides]
         if len(designs) == 2 and all(designs) and not designs[0] & designs[1]:
@@ -209,12 +217,12 @@ def second_pass(readings: Sequence[Reading], total: int) -> tuple[list[int], lis
 
 # ---- a sweep's points (moetune.tuner.sweep.Point: budget, extra, why) ------------------------------------
 def share_first_pass(points: Sequence[Any], grid: GridBudget, strategy: Any) -> int:
-    """Set each point's ``budget`` to its first-pass share of ``grid``; the grid's total (``strategy``:
-    the strategy class, for the default total)."""
+    """Set each point's ``budget`` to its first-pass share of ``grid`` and its ``plan`` to its even share;
+    the grid's total (``strategy``: the strategy class, for the default total)."""
     sizes = [len(pt.candidates) for pt in points]
     total = grid.total(sizes, strategy)
-    for pt, share in zip(points, first_pass(sizes, total), strict=True):
-        pt.budget, pt.extra, pt.why = share, 0, ()
+    for pt, share, even in zip(points, first_pass(sizes, total), even_shares(sizes, total), strict=True):
+        pt.budget, pt.plan, pt.extra, pt.why = share, even, 0, ()
     return total
 
 
@@ -229,6 +237,6 @@ def share_second_pass(points: Sequence[Any], searches: Mapping[int, Any], total:
     extra, why = second_pass(readings, total - spent)
     for i, r, more, because in zip(live, readings, extra, why, strict=True):
         pt = points[i]
-        pt.budget, pt.extra, pt.why = r.used + more, more, because
-        searches[i].extend(pt.budget)
+        pt.budget, pt.plan, pt.extra, pt.why = r.used + more, None, more, because
+        searches[i].set_budget(pt.budget)
     return sum(extra)

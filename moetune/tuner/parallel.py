@@ -189,7 +189,8 @@ class ParallelSweep(Sweep):
                 return []  # the default is being measured; the strategy starts from its result
             s.strategy = get_strategy(self.strategy)
             s.strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
-                                           self._hints(s.index), pt.budget, self.seed, pt.candidate_keys))
+                                           self._hints(s.index), pt.budget, self.seed, pt.candidate_keys,
+                                           pt.plan))
         if s.finals is not None:
             batch, s.finals = s.finals[:free], s.finals[free:]
             s.finished = not batch and not s.pending

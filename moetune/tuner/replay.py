@@ -29,7 +29,7 @@ import pandas as pd
 
 from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.registry import get_spec
-from moetune.tuner.grid_budget import GridBudget, first_pass, reading, second_pass
+from moetune.tuner.grid_budget import GridBudget, even_shares, first_pass, reading, second_pass
 from moetune.tuner.replay_noise import RepeatNoise
 from moetune.tuner.store import read_frame
 from moetune.tuner.strategies import Observation, SearchContext, get_strategy
@@ -193,13 +193,14 @@ class Lookup:
 
 class PointSearch:
     """``strategy`` at ``point`` run like a sweep runs it: the default, then the strategy's batches up to
-    its budget (:meth:`run`), then its final re-measurement (:meth:`finish`). A grid budget's second pass
-    raises the budget (``strategy.extend``) and runs it again before it finishes.
+    its budget (:meth:`run`), then its final re-measurement (:meth:`finish`). A grid budget's first pass
+    stops at ``budget`` a search planned for ``plan`` (``SearchContext.plan``); its second pass sets the
+    budget anew (``strategy.set_budget``) and runs it again before it finishes.
     ``prior``: the data a ``prior`` search learns from (the committed stores when None)."""
 
     def __init__(self, point: RefPoint, strategy: str, budget: int, seed: int, batch: int = 1,
                  hints: Sequence[Config] = (), noise: float = 1.0, noise_model: RepeatNoise | None = None,
-                 prior: PriorData | None = None):
+                 prior: PriorData | None = None, plan: int | None = None):
         if batch < 1:
             raise ValueError(f"--batch must be >= 1, got {batch}")
         self.point, self.name, self.batch = point, strategy, batch
@@ -209,7 +210,7 @@ class PointSearch:
             measured.append(self.look.measure(point.default))
         self.strategy = PriorGuided(prior) if strategy == PriorGuided.name else get_strategy(strategy)
         self.strategy.start(SearchContext(_spec_or_none(point.kernel), point.problem, point.configs, measured,
-                                          list(hints), budget, seed))
+                                          list(hints), budget, seed, plan=plan))
         self.seen = {o.key for o in measured}
         self.rounds = 0  # batches: a live sweep waits for each batch's compiles, so they set its wall time
 
@@ -317,7 +318,7 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
     done = 0
     for strategy in strategies:
         for budget in budgets:
-            first, grids = _grid_plan(points, budget) if grid else ({}, {})
+            first, plans, grids = _grid_plan(points, budget) if grid else ({}, {}, {})
             label = f"{budget} grid" if grid else budget
             for seed in range(seeds):
                 won: dict[tuple, list[tuple[str, Config]]] = {}  # (path, density point) -> op winners
@@ -343,7 +344,7 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                             on_progress(done, total, f"{strategy} {label} seed {seed}: {p.label}")
                         done += 1
                         search = PointSearch(p, strategy, first[id(p)] if grid else budget_for(budget, p),
-                                             seed, batch, hints, noise, noise_model, prior)
+                                             seed, batch, hints, noise, noise_model, prior, plans.get(id(p)))
                         search.run()
                         if grid:
                             held.append((p, search))
@@ -359,7 +360,7 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                 second = _second_passes(held, first, grids)
                 for p, search in held:
                     budget_now, more, why = second[id(p)]
-                    search.strategy.extend(budget_now)
+                    search.strategy.set_budget(budget_now)
                     if on_progress is not None:
                         on_progress(done, total, f"{strategy} {label} seed {seed}, second pass: {p.label}")
                     done += 1
@@ -378,20 +379,22 @@ def _row(strategy: str, budget: str, batch: int, seed: int, p: RefPoint, result:
             "why": ",".join(why)}
 
 
-def _grid_plan(points: Sequence[RefPoint], budget: str) -> tuple[dict[int, int], dict[str, int]]:
+def _grid_plan(points: Sequence[RefPoint], budget: str
+               ) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
     """``budget`` as each model grid's (P% of its points' evaluations, or N for each point): each point's
-    first-pass share (by ``id``) and each grid's total."""
+    first-pass budget and the even share its search plans for (by ``id``), and each grid's total."""
     members: dict[str, list[RefPoint]] = {}
     for p in points:
         members.setdefault(model_key(p.kernel, p.shape), []).append(p)
-    first, totals = {}, {}
+    first, plans, totals = {}, {}, {}
     for model, ps in members.items():
         sizes = [len(p.configs) for p in ps]
         grid = (GridBudget(share=float(budget[:-1]) / 100) if budget.endswith("%")
                 else GridBudget(count=int(budget) * len(ps)))
         totals[model] = grid.total(sizes)
         first.update((id(p), share) for p, share in zip(ps, first_pass(sizes, totals[model]), strict=True))
-    return first, totals
+        plans.update((id(p), even) for p, even in zip(ps, even_shares(sizes, totals[model]), strict=True))
+    return first, plans, totals
 
 
 def _second_passes(held: Sequence[tuple[RefPoint, PointSearch]], first: dict[int, int],

@@ -77,6 +77,7 @@ class Point:
     candidate_keys: list[str] | None = None  # the same, in candidate order (strategies index by it)
     failure: str | None = None  # the spec's reference or input maker failed here: the point stopped
     budget: int | None = None  # most measurements here (None: the strategy's default)
+    plan: int | None = None  # a grid budget's first pass: the budget its search plans for (SearchContext)
     extra: int = 0  # of them, what a grid budget's second pass added
     why: tuple[str, ...] = ()  # and why (grid_budget.disagreements)
 
@@ -269,7 +270,7 @@ class Sweep:
                        else plan_point(get_spec(p.kernel), p, device, memo, full_space=self.full_space)
                        for p in problems]
         for pt in self.points:
-            pt.budget = self.budget
+            pt.budget, pt.plan = self.budget, None
             stored = self._stored(pt.problem)
             pt.already = len(stored)
             for o in stored:
@@ -455,7 +456,7 @@ class Sweep:
                 return
             strategy = self._searches[i] = get_strategy(self.strategy)
             strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
-                                         self._hints(i), pt.budget, self.seed, pt.candidate_keys))
+                                         self._hints(i), pt.budget, self.seed, pt.candidate_keys, pt.plan))
         # A strategy that does not learn from results can propose the next batch before this one is
         # measured, so the compile workers build it meanwhile (proposed configs are never re-proposed).
         early = not isinstance(strategy, AdaptiveStrategy)

@@ -32,6 +32,7 @@ from moetune.tuner.parallel import ParallelSweep
 from moetune.tuner.replay import RefPoint, replay
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import STRATEGIES, Observation, SearchContext, get_strategy
+from moetune.tuner.strategies.prior import PriorData, PriorGuided
 from moetune.tuner.sweep import plan_point
 
 LANDSCAPE = crashy_spec.LANDSCAPE
@@ -61,10 +62,10 @@ def test_a_neighbours_best_within_the_tie_agrees():
     assert disagreements([read(1, others), read(2, close), read(3, others)]) == [()] * 3
 
 
-def test_an_end_point_has_one_side_and_a_lone_point_none():
+def test_an_end_point_has_one_side_and_a_lone_point_none_to_agree_with():
     two = [read(1, {"A": 1.0, "B": 2.0}), read(2, {"B": 1.0, "A": 2.0})]
     assert disagreements(two) == [(NEIGHBOURS,)] * 2
-    assert disagreements([read(1, {"A": 1.0})]) == [()]
+    assert disagreements([read(1, {"A": 1.0})]) == [(NEIGHBOURS,)]  # a one-point sweep spends it all there
     assert disagreements([read(1, {}), read(2, {"A": 1.0})]) == [(NEIGHBOURS,), (NEIGHBOURS,)]  # none found
 
 
@@ -163,13 +164,33 @@ def test_an_extended_search_goes_on_from_its_first_pass(name):
 
     first = drain()
     history = list(s.history)
-    s.extend(30)
+    s.set_budget(30)
     second = drain()
     keys = [canonical_json(c) for c in first + second]
     assert len(keys) == len(set(keys))  # nothing proposed twice across the passes
     assert second and s.history[:len(history)] == history  # the first pass's readings are kept
     finals = s.remeasure() if hasattr(s, "remeasure") else []
     assert len(keys) + len(finals) <= 30
+
+
+@pytest.mark.parametrize("name", ["model", "prior"])
+def test_a_first_pass_is_the_start_of_the_search_it_plans_for(name):
+    """Stopped at 8 measurements, a search planned for 40 has proposed what a search of 40 proposes first."""
+    point = plan_point(LANDSCAPE, LANDSCAPE.problem(LANDSCAPE.shape_from_model(get_model("tiny")), 2),
+                       INTERPRETER)
+
+    def proposals(**budget):
+        s = PriorGuided(PriorData()) if name == "prior" else get_strategy(name)
+        s.start(SearchContext(point.spec, point.problem, point.candidates, seed=3, **budget))
+        out = []
+        while batch := s.propose(256):
+            out += [c["v"] for c in batch]
+            s.observe([Observation(c, "ok", 1.0 + abs(c["v"] - 30) / 10, 0.01) for c in batch])
+        return out
+
+    first, flat = proposals(budget=8, plan=40), proposals(budget=40)
+    assert len(first) == 8 and first == flat[:8]
+    assert proposals(budget=8) != first  # planned for 8 alone, its phases come sooner
 
 
 # ---- a sweep ---------------------------------------------------------------------------------------------

@@ -60,24 +60,28 @@ class AdaptiveStrategy(Strategy):
         self.finals: list[Observation] = []
         self._expanded: set[int] = set()
 
-    def extend(self, budget: int) -> None:
-        super().extend(budget)
+    def set_budget(self, budget: int) -> None:
+        super().set_budget(budget)
         self._plan_budget()
 
     def _plan_budget(self) -> None:
-        """The point's total and the share of it reserved for the final re-measurement."""
+        """The point's total, the share of it reserved for the final re-measurement, and the total the
+        search's phases are laid out over (``ctx.plan``, where the driver stops the search early)."""
         assert self.ctx is not None
-        self.total = self.planned(len(self.ctx.candidates), self.ctx.budget)
-        self.rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
+        n = len(self.ctx.candidates)
+        self.total = self.planned(n, self.ctx.budget)
+        self.rounds = _rounds(self.total)
         self.reserve = self.rounds * FINALISTS + len(self._recheck)
+        span = self.total if self.ctx.plan is None else max(self.total, self.planned(n, self.ctx.plan))
+        self.span = span - _rounds(span) * FINALISTS - len(self._recheck)  # as a search of that budget
 
     # ---- budget ---------------------------------------------------------------------------------
     def budget_left(self) -> int:
         return max(0, self.total - self.reserve - len(self._seen))
 
     def search_budget(self) -> int:
-        """Measurements the search itself may make at this point (before the re-measurement)."""
-        return max(1, self.total - self.reserve)
+        """Measurements the search lays its phases out over at this point (before the re-measurement)."""
+        return max(1, self.span)
 
     # ---- what is known ----------------------------------------------------------------------------
     def times(self) -> dict[int, float]:
@@ -139,6 +143,11 @@ class AdaptiveStrategy(Strategy):
         key = min(mean, key=lambda k: (mean[k], k))
         first = next(o for o in self.history if o.key == key)
         return Observation(first.config, "ok", mean[key], first.spread, first.error)
+
+
+def _rounds(total: int) -> int:
+    """Rounds of the final re-measurement a point's total affords."""
+    return min(MAX_ROUNDS, int(FINAL_SHARE * total) // FINALISTS)
 
 
 def hint_indices(strategy: AdaptiveStrategy) -> list[int]:
