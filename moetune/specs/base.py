@@ -73,7 +73,7 @@ class KernelSpec(TileRules):
     def design(self, config: Config) -> str:
         """The design ``config`` belongs to: the switches that pick another kernel, not its tiles. A grid
         budget gives more to a point whose best has a close runner-up of another design (a boundary
-        the search may not have settled; docs/tuner.md, "Grid budget"). Default: one design."""
+        the search may not have settled; docs/tuner.md, "The grid budget"). Default: one design."""
         return ""
 
     def canonical(self, config: Config) -> Config:

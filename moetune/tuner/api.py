@@ -270,7 +270,7 @@ def tune(*, model: str | None = None, kernels: str | Sequence[str] | None = None
     fractions) or ``routes`` (prefill) the densities (default: the CLI's grid); ``budget`` the most
     measurements at each point, or ``grid_budget`` ("5%" of all the points' candidates, or a count) for
     the whole sweep, spent in two passes (the default for ``prior``, ``model`` and ``coordinate``: what
-    their per-point defaults add up to; docs/tuner.md, "Grid budget"); ``gpus`` "all" or GPU
+    their per-point defaults add up to; docs/tuner.md, "The grid budget"); ``gpus`` "all" or GPU
     indices. The other options are the CLI's flags by their Python names: ``shape``, ``routing``,
     ``timeout``, ``jobs``, ``time_limit``, ``prefetch``, ``ray``, ``ray_address``, ``ray_actors``,
     ``ray_gpus_per_actor``, ``retry``, ``full_timing``, ``starts`` (a JSON file or configs), ``full_space``,

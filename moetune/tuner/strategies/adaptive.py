@@ -2,7 +2,9 @@
 
 Budget. ``ctx.budget`` counts every measurement at the point (the stored default
 included). With no budget an adaptive strategy takes a tenth of the candidates
-(at least ``MIN_BUDGET``) instead of walking the whole space.
+(at least ``MIN_BUDGET``) instead of walking the whole space. ``ctx.plan``: the
+budget its phases are laid out over where the driver stops it at ``ctx.budget``
+first and sets a budget anew later (a grid budget's first pass).
 
 Final re-measurement. A single noisy measurement flatters a lucky candidate, so
 before declaring a winner the top ``FINALISTS`` ok candidates are measured again,
