@@ -143,3 +143,30 @@ class BrokenReferenceSpec(SteadySpec):
 
 
 BAD_REFERENCE = register(BrokenReferenceSpec())
+
+
+class LandscapeSpec(SteadySpec):
+    """Good configs whose run is fast for one ``v`` a point and slow for the rest: ``v`` 3 at 3 tokens, 7
+    elsewhere, so the best is known (the sleeps are far wider than the interpreter's timing noise)."""
+
+    name = "test.landscape"
+    description = "test-only op with a known best per point"
+    space = {"mode": ("ok",), "v": tuple(range(48))}
+    FAST_MS, SLOW_MS = 1.0, 8.0
+
+    @staticmethod
+    def fast(tokens: int) -> int:
+        return 3 if tokens == 3 else 7
+
+    def make_inputs(self, problem: Problem, device: str, seed: int) -> Inputs:
+        inputs = super().make_inputs(problem, device, seed)
+        inputs.extra["fast"] = self.fast(problem.tokens)
+        return inputs
+
+    def run(self, inputs: Inputs, config) -> None:
+        fast = config["v"] == inputs.extra["fast"]
+        time.sleep((self.FAST_MS if fast else self.SLOW_MS) / 1e3)
+        super().run(inputs, config)
+
+
+LANDSCAPE = register(LandscapeSpec())

@@ -118,6 +118,9 @@ class Display:
             self.progress.update(self.task, total=data["total"])
         elif kind == "point":
             self.current = data["point"]
+        elif kind == "second_pass":  # a grid budget's second pass: more measurements where points disagree
+            total = self.progress.tasks[0].total
+            self.progress.update(self.task, total=(total or 0) + data["total"])
         elif kind == "result":
             self.counts[data["obs"].status] += 1
             text = " ".join(f"[{STATUS_STYLE[s]}]{s} {n}[/]" for s, n in sorted(self.counts.items()))

@@ -48,8 +48,8 @@ MODEL_COLUMNS = {"strategy": "strategy", "budget": "budget", "model": "model", "
                  "measurements": "measured", "exhaustive": "exhaustive", "quality": "quality (geomean)",
                  "worst_point": "worst point"}
 POINT_COLUMNS = {"strategy": "strategy", "budget": "budget", "point": "point", "exhaustive": "exhaustive",
-                 "measurements": "measured", "rounds": "batches", "quality": "quality", "worst": "worst seed",
-                 "found": "found best"}
+                 "measurements": "measured", "extra": "of them 2nd pass", "rounds": "batches",
+                 "quality": "quality", "worst": "worst seed", "found": "found best"}
 
 
 @app.command()
@@ -59,6 +59,11 @@ def replay(
     strategy: Annotated[str, typer.Option(help="strategies, comma separated")] = "model,coordinate,random",
     budget: Annotated[str, typer.Option(help="measurements per point, comma separated; N or P% of the "
                                              "point's exhaustive count")] = "5%,10%",
+    grid_budget: Annotated[bool, typer.Option("--grid-budget", help="spend each --budget over each model "
+                                              "grid instead (P%: of all its points' evaluations, N: N for "
+                                              "each point), in two passes as moetune sweep --grid-budget "
+                                              "does: the same total, more where neighbours disagree")
+                           ] = False,
     seeds: Annotated[int, typer.Option(help="seeds per (strategy, budget, point)")] = 20,
     kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="ops or families (repeat or "
                                                      "comma-separate)")] = None,
@@ -118,15 +123,16 @@ def replay(
             honesty = rp.Honesty(holdout, (not holdout) if heuristic is None else heuristic, warm_starts,
                                  prior)
             runs = rp.replay(points, strategies, budgets, seeds, batch, noise, on_progress=on_progress,
-                             honesty=honesty, noise_model=fitted)
+                             honesty=honesty, noise_model=fitted, grid=grid_budget)
     for label in skipped:
         console.print(f"[yellow]note:[/] left out {label}")
     console.print(f"replay: {honesty.describe()}; noise: " +
                   (f"repeated sweeps x {noise:g} ({fitted.describe()})" if fitted is not None
                    else f"recorded spread x {noise:g}"))
     summ, pp, pm = rp.summary(runs), rp.per_point(runs), rp.per_model(runs)
+    point_columns = POINT_COLUMNS if grid_budget else {k: v for k, v in POINT_COLUMNS.items() if k != "extra"}
     if per_point:
-        console.print(_table("per point (quality over seeds)", pp, POINT_COLUMNS))
+        console.print(_table("per point (quality over seeds)", pp, point_columns))
     console.print(_table("per model grid (measurements summed over its points)", pm, MODEL_COLUMNS))
     console.print(_table(f"replay: {len(points)} point(s), {seeds} seed(s), batch {batch}", summ,
                          SUMMARY_COLUMNS))
@@ -135,7 +141,7 @@ def replay(
     if markdown_out:
         command = "moetune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         markdown_out.write_text(markdown(summ.rename(columns=SUMMARY_COLUMNS),
-                                         pp.rename(columns=POINT_COLUMNS), command,
+                                         pp[list(point_columns)].rename(columns=point_columns), command,
                                          pm.rename(columns=MODEL_COLUMNS)))
 
 

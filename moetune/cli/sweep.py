@@ -37,6 +37,20 @@ def _diagnostics(sw: Any, startup: dict[str, float], interpreter: bool) -> None:
     console.print(f"start-up, s after planning began: {steps}")
 
 
+def grid_line(sw: Any, points: list[Any]) -> str:
+    """What a grid budget gave: its total, and the second pass's points and why they got more."""
+    from moetune.tuner.grid_budget import BOUNDARY, DESIGN, NEIGHBOURS, PRIOR
+
+    more = [pt for pt in points if pt.extra]
+    why = {NEIGHBOURS: "neighbours disagree", BOUNDARY: "the design changes across it",
+           PRIOR: "best outside the prior's picks", DESIGN: "another design close"}
+    counts = ", ".join(f"{text} {sum(k in pt.why for pt in more)}" for k, text in why.items()
+                       if any(k in pt.why for pt in more))
+    second = (f"{sum(pt.extra for pt in more)} more at {len(more)} of {len(points)} point(s) ({counts})"
+              if more else "no point needed more")
+    return f"grid budget {sw.grid_total} ({sw.grid_budget.describe()}): first pass at every point, {second}"
+
+
 @app.command()
 def sweep(
     kernel: Annotated[list[str] | None, typer.Option("--kernel", "-k", help="ops or families, repeated or "
@@ -54,10 +68,17 @@ def sweep(
                                               "for several")] = "uniform",
     strategy: Annotated[str | None, typer.Option(help="search strategy: prior, model, coordinate, random "
                                                      "or exhaustive \\[default: prior]")] = None,
-    budget: Annotated[int | None, typer.Option(help="most measurements per point \\[default: prior 5%, "
-                                                   "model and coordinate 10% of the point's candidates, at "
-                                                   "least 30; random and exhaustive every "
-                                                   "candidate]")] = None,
+    budget: Annotated[int | None, typer.Option(help="most measurements at each point, instead of "
+                                                   "--grid-budget \\[default: random and exhaustive "
+                                                   "every candidate]")] = None,
+    grid_budget: Annotated[str | None, typer.Option(help="measurements for the whole sweep, N or P% of all "
+                                                         "its points' candidates: a first pass gives each "
+                                                         "point 2%, the rest goes to the points whose "
+                                                         "neighbouring densities disagree \\[default for "
+                                                         "prior, model and coordinate: what their "
+                                                         "per-point defaults add up to (prior 5%, model "
+                                                         "and coordinate 10% of each point's candidates, "
+                                                         "at least 30)]")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
     db: Annotated[Path, typer.Option(help="results database")] = Path(DEFAULT_DB),
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,
@@ -109,7 +130,7 @@ def sweep(
         tuning = prepare(model=model, kernels=kernel_list(kernel), shape=shape,
                          tokens=split_list(tokens, int), routes=split_list(routes, int),
                          active=split_list(active, float), routing=split_list(routing), tp=tp, ep=ep,
-                         db=db, budget=budget, strategy=strategy,
+                         db=db, budget=budget, grid_budget=grid_budget, strategy=strategy,
                          seed=seed, timeout=timeout, jobs=jobs, time_limit=time_limit, prefetch=prefetch,
                          gpus=gpus, ray=ray, ray_address=ray_address, ray_actors=ray_actors,
                          ray_gpus_per_actor=ray_gpus_per_actor, retry=split_list(retry),
@@ -151,6 +172,8 @@ def sweep(
     finally:
         tuning.close()
     console.print(summary_table(points, interpreter))
+    if sw.grid_total is not None:
+        console.print(grid_line(sw, points), soft_wrap=True)
     written = sum(sum(pt.counts.values()) for pt in points)
     console.print(f"{written} measurement(s) written to {db} (sweep {sw.sweep_id})")
     if verbose:

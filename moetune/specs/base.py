@@ -70,6 +70,12 @@ class KernelSpec(TileRules):
         tables and explicit configs may still use such a design. Default: nothing is dominated."""
         return None
 
+    def design(self, config: Config) -> str:
+        """The design ``config`` belongs to: the switches that pick another kernel, not its tiles. A grid
+        budget gives more to a point whose best has a close runner-up of another design (a boundary
+        the search may not have settled; docs/tuner.md, "The grid budget"). Default: one design."""
+        return ""
+
     def canonical(self, config: Config) -> Config:
         """One representative of the configs that build the same kernel (keys the kernel ignores in
         this config set to what the constraint keeps); export pools stored rows of equivalent configs

@@ -93,6 +93,11 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         """GROUP_SIZE_M is a run-time argument of the GEMM kernel: every value of a tile runs one binary."""
         return canonical_json({k: v for k, v in self.canonical(config).items() if k != "GROUP_SIZE_M"})
 
+    def design(self, config: Config) -> str:
+        """The implementation (Triton or Gluon) and how the weights are decoded (bf16, f16, fp8 dots)."""
+        cfg = {**self.default, **config}
+        return f"{cfg['IMPL']} {cfg['DECODE']}"
+
     def dominated(self, config: Config, device: DeviceInfo) -> str | None:
         """On sm_90, two decodes are not searched: DECODE f16 and fp8_scaled never came within 3% of a
         point's best in the committed H200 stores (``tools/dominated_designs.py --family fp4_prefill``;

@@ -92,6 +92,12 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
             return "dominated on sm_90: activations split in every program (A_FP8 1; 2 splits them once)"
         return None
 
+    def design(self, config: Config) -> str:
+        """The algorithm and the activations' precision: the route GEMV or grouped tensor-core blocks,
+        bf16 or fp8 activations (which of them wins moves with route density)."""
+        cfg = {**GEMM_DEFAULT, **config}
+        return f"{cfg['ALGO']} A_FP8 {cfg['A_FP8']}"
+
     def binary_key(self, config: Config) -> str:
         """SPLIT_K is a run-time argument of the GEMM kernels: every split of a tile runs one binary."""
         return canonical_json({k: v for k, v in self.canonical(config).items() if k != "SPLIT_K"})

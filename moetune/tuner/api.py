@@ -24,9 +24,11 @@ from moetune.problem import Config
 from moetune.tables import picker
 from moetune.tuner import factory
 from moetune.tuner.export import ExportResult, export
+from moetune.tuner.grid_budget import GridBudget
 from moetune.tuner.problems import Plan, build_plan, resolve_kernels
 from moetune.tuner.store import DEFAULT_PATH, Store, read_frame
-from moetune.tuner.strategies import DEFAULT_STRATEGY, get_strategy
+from moetune.tuner.strategies import DEFAULT_STRATEGY, STRATEGIES, get_strategy
+from moetune.tuner.strategies.adaptive import AdaptiveStrategy
 from moetune.tuner.sweep import Point, Sweep, check_retry, load_starts, plan_points
 
 if TYPE_CHECKING:
@@ -158,7 +160,8 @@ def prepare(*, model: str | None = None, kernels: str | Sequence[str] | None = N
             shape: str | dict | None = None, tokens: int | Sequence[int] | None = None,
             routes: int | Sequence[int] | None = None, active: float | Sequence[float] | None = None,
             routing: str | Sequence[str] = "uniform", tp: int = 1, ep: int = 1,
-            db: str | Path = DEFAULT_PATH, budget: int | None = None, strategy: str | None = None,
+            db: str | Path = DEFAULT_PATH, budget: int | None = None,
+            grid_budget: str | int | GridBudget | None = None, strategy: str | None = None,
             seed: int = 0, timeout: float = 60.0, jobs: int | None = None, time_limit: float | None = None,
             prefetch: bool = False, gpus: str | Sequence[int] | None = None, ray: bool = False,
             ray_address: str | None = None, ray_actors: int | None = None, ray_gpus_per_actor: float = 1.0,
@@ -175,6 +178,7 @@ def prepare(*, model: str | None = None, kernels: str | Sequence[str] | None = N
     get_strategy(strategy)
     if budget is not None and budget < 1:
         raise ValueError(f"--budget must be >= 1, got {budget}")
+    grid = sweep_budget(strategy, budget, grid_budget)
     if time_limit is not None and time_limit <= 0:
         raise ValueError(f"--time-limit must be positive, got {time_limit}")
     retries = check_retry(_names(retry))
@@ -199,10 +203,25 @@ def prepare(*, model: str | None = None, kernels: str | Sequence[str] | None = N
         runner.close()
         raise
     sw = driver(store, runner, strategy=strategy, budget=budget, seed=seed, time_limit=time_limit,
-                retry=retries, starts=start_configs, full_space=full_space, prefetch=prefetch)
+                retry=retries, starts=start_configs, full_space=full_space, prefetch=prefetch,
+                grid_budget=grid)
     points = sw.plan(points, device)
     return Tuning(plan, device, points, sw, runner, store, Path(db), strategy, start_configs, cross,
                   startup=startup, t_plan=t_plan)
+
+
+def sweep_budget(strategy: str, budget: int | None, grid_budget: str | int | GridBudget | None
+                 ) -> GridBudget | None:
+    """The grid budget a sweep spends: ``grid_budget`` as given, or (neither it nor a per-point ``budget``
+    given) for a strategy that searches within a budget, what its per-point defaults add up to, spent
+    where the points disagree (:mod:`moetune.tuner.grid_budget`). None: per-point budgets."""
+    if budget is not None and grid_budget is not None:
+        raise ValueError("--budget (each point's) and --grid-budget (the sweep's) exclude each other")
+    if isinstance(grid_budget, GridBudget) or grid_budget is None:
+        if grid_budget is None and budget is None and issubclass(STRATEGIES[strategy], AdaptiveStrategy):
+            return GridBudget()
+        return grid_budget
+    return GridBudget.parse(grid_budget)
 
 
 class _Log:
@@ -217,6 +236,11 @@ class _Log:
             self.total = max(self.total, data["total"])  # a cross sub-sweep starts again, smaller
             self.step = max(1, self.total // 10)
             _say(f"{len(data['points'])} point(s), about {data['total']} measurement(s) to make")
+        elif kind == "second_pass":
+            flagged = sum(1 for pt in data["points"] if pt.extra)
+            self.total += data["total"]
+            _say(f"second pass: {data['total']} more measurement(s) at {flagged} of {len(data['points'])} "
+                 "point(s), where neighbouring densities disagree")
         elif kind == "result":
             self.done += 1
             if self.done % self.step == 0:
@@ -235,14 +259,18 @@ def _say(text: str) -> None:
 def tune(*, model: str | None = None, kernels: str | Sequence[str] | None = None,
          tokens: int | Sequence[int] | None = None, routes: int | Sequence[int] | None = None,
          active: float | Sequence[float] | None = None, tp: int = 1, ep: int = 1,
-         db: str | Path = DEFAULT_PATH, budget: int | None = None, strategy: str | None = None,
+         db: str | Path = DEFAULT_PATH, budget: int | None = None,
+         grid_budget: str | int | GridBudget | None = None, strategy: str | None = None,
          gpus: str | Sequence[int] | None = None, seed: int = 0, quiet: bool = True,
          on_event: Callable[..., None] | None = None, **options: Any) -> SweepResult:
     """Tune kernel tiles at every point, as ``moetune sweep`` does; every measurement goes to ``db``.
 
     ``model`` is a preset name or a Hugging Face config.json (or ``shape=`` an explicit per-rank shape);
     ``kernels`` ops or families (default: the model's weight format); ``tokens`` (decode, with ``active``
-    fractions) or ``routes`` (prefill) the densities (default: the CLI's grid); ``gpus`` "all" or GPU
+    fractions) or ``routes`` (prefill) the densities (default: the CLI's grid); ``budget`` the most
+    measurements at each point, or ``grid_budget`` ("5%" of all the points' candidates, or a count) for
+    the whole sweep, spent in two passes (the default for ``prior``, ``model`` and ``coordinate``: what
+    their per-point defaults add up to; docs/tuner.md, "The grid budget"); ``gpus`` "all" or GPU
     indices. The other options are the CLI's flags by their Python names: ``shape``, ``routing``,
     ``timeout``, ``jobs``, ``time_limit``, ``prefetch``, ``ray``, ``ray_address``, ``ray_actors``,
     ``ray_gpus_per_actor``, ``retry``, ``full_timing``, ``starts`` (a JSON file or configs), ``full_space``,
@@ -250,7 +278,8 @@ def tune(*, model: str | None = None, kernels: str | Sequence[str] | None = None
     ``quiet=False`` prints plain progress lines on stderr; ``on_event(kind, **data)`` gets every event.
     """
     tuning = prepare(model=model, kernels=kernels, tokens=tokens, routes=routes, active=active, tp=tp, ep=ep,
-                     db=db, budget=budget, strategy=strategy, gpus=gpus, seed=seed, **options)
+                     db=db, budget=budget, grid_budget=grid_budget, strategy=strategy, gpus=gpus, seed=seed,
+                     **options)
     log = None if quiet else _Log()
     if log is not None:
         for note in tuning.plan.notes:

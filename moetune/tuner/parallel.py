@@ -79,6 +79,7 @@ class ParallelSweep(Sweep):
     def __init__(self, store: Store, runner: PoolBackend, **kwargs: Any):
         super().__init__(store, runner, **kwargs)
         self.busy = BusyClock()
+        self._final = True
 
     @property
     def measuring_busy(self) -> float | None:
@@ -92,6 +93,7 @@ class ParallelSweep(Sweep):
             self.plan(problems or [], self.runner.device)
         elif self.runner.device != self.device:  # planned on the driver, measured elsewhere (a Ray cluster)
             self.plan([pt.problem for pt in self.points], self.runner.device)
+        self._first_pass()
         self.on_event("start", points=self.points, total=sum(self.expected(pt) for pt in self.points),
                       workers=self.runner.workers)
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
@@ -99,16 +101,23 @@ class ParallelSweep(Sweep):
         inflight: dict[Any, tuple[_Search, Config]] = {}
         self._prefetched: set[tuple[int, str]] = set()
         try:
-            while True:
-                if not self._out_of_time():
-                    self._fill(searches, inflight)
-                    if self.prefetch:
-                        self._prefetch(searches)
-                if not inflight:
-                    break
-                for key, res, worker in self.runner.poll():
-                    search, config = inflight.pop(key)
-                    self._record(search, key, config, res, worker)
+            for final in (False, True) if self.grid_budget else (True,):
+                self._final = final  # False: a grid budget's first pass, each search stops before its finals
+                if final and self.grid_budget:  # every first pass done: the rest where they disagree
+                    self._second_pass({s.index: s.strategy for s in searches if s.strategy is not None})
+                    for s in searches:
+                        s.finished = s.finished and (s.strategy is None or s.point.failure is not None)
+                        s.idle = False
+                while True:
+                    if not self._out_of_time():
+                        self._fill(searches, inflight)
+                        if self.prefetch:
+                            self._prefetch(searches)
+                    if not inflight:
+                        break
+                    for key, res, worker in self.runner.poll():
+                        search, config = inflight.pop(key)
+                        self._record(search, key, config, res, worker)
         finally:  # stopped early: what was not measured goes back to whoever sweeps next
             for search, config in inflight.values():
                 self.store.release(self._key(search.point.problem), config)
@@ -130,7 +139,7 @@ class ParallelSweep(Sweep):
                 # finalists are re-measured in full, whatever the best so far
                 best = pt.best.time_ms if pt.best and s.finals is None else None
                 # the strategy's proposals count against the budget that cooperating sweeps share
-                budget = self.budget if s.strategy is not None else None
+                budget = pt.budget if s.strategy is not None else None
                 for config in configs:
                     if s.finals is not None:  # re-measuring stored configs: no claim, a key per round
                         key = (s.index, canonical_json(config), REMEASURE, len(s.final_obs) + len(s.pending))
@@ -180,7 +189,8 @@ class ParallelSweep(Sweep):
                 return []  # the default is being measured; the strategy starts from its result
             s.strategy = get_strategy(self.strategy)
             s.strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
-                                           self._hints(s.index), self.budget, self.seed, pt.candidate_keys))
+                                           self._hints(s.index), pt.budget, self.seed, pt.candidate_keys,
+                                           pt.plan))
         if s.finals is not None:
             batch, s.finals = s.finals[:free], s.finals[free:]
             s.finished = not batch and not s.pending
@@ -197,7 +207,9 @@ class ParallelSweep(Sweep):
         batch = s.strategy.propose(n) if n > 0 else []
         if not batch:
             s.idle = bool(s.pending)
-            if not s.pending:
+            if not s.pending and not self._final:  # a grid budget's first pass: on hold for the second
+                s.finished = True
+            elif not s.pending:
                 s.finals = self._finals(s)
                 return self._next(s, free)
         return batch

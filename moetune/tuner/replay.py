@@ -29,6 +29,7 @@ import pandas as pd
 
 from moetune.problem import Config, Problem, canonical_json
 from moetune.specs.registry import get_spec
+from moetune.tuner.grid_budget import GridBudget, even_shares, first_pass, reading, second_pass
 from moetune.tuner.replay_noise import RepeatNoise
 from moetune.tuner.store import read_frame
 from moetune.tuner.strategies import Observation, SearchContext, get_strategy
@@ -190,42 +191,64 @@ class Lookup:
         return Observation(config, "ok", float(t * math.exp(sigma * self.rng.standard_normal())), sp)
 
 
+class PointSearch:
+    """``strategy`` at ``point`` run like a sweep runs it: the default, then the strategy's batches up to
+    its budget (:meth:`run`), then its final re-measurement (:meth:`finish`). A grid budget's first pass
+    stops at ``budget`` a search planned for ``plan`` (``SearchContext.plan``); its second pass sets the
+    budget anew (``strategy.set_budget``) and runs it again before it finishes.
+    ``prior``: the data a ``prior`` search learns from (the committed stores when None)."""
+
+    def __init__(self, point: RefPoint, strategy: str, budget: int, seed: int, batch: int = 1,
+                 hints: Sequence[Config] = (), noise: float = 1.0, noise_model: RepeatNoise | None = None,
+                 prior: PriorData | None = None, plan: int | None = None):
+        if batch < 1:
+            raise ValueError(f"--batch must be >= 1, got {batch}")
+        self.point, self.name, self.batch = point, strategy, batch
+        self.look = Lookup(point, seed, noise, noise_model)
+        measured: list[Observation] = []
+        if point.default is not None:
+            measured.append(self.look.measure(point.default))
+        self.strategy = PriorGuided(prior) if strategy == PriorGuided.name else get_strategy(strategy)
+        self.strategy.start(SearchContext(_spec_or_none(point.kernel), point.problem, point.configs, measured,
+                                          list(hints), budget, seed, plan=plan))
+        self.seen = {o.key for o in measured}
+        self.rounds = 0  # batches: a live sweep waits for each batch's compiles, so they set its wall time
+
+    def run(self) -> None:
+        """Propose and measure batches until the strategy stops (its budget spent)."""
+        while proposal := self.strategy.propose(self.batch):
+            self.rounds += 1
+            if len(proposal) > self.batch:
+                raise RuntimeError(f"{self.name} proposed {len(proposal)} configs for a batch of "
+                                   f"{self.batch}")
+            keys = [canonical_json(c) for c in proposal]
+            if self.seen & set(keys) or len(set(keys)) != len(keys):
+                raise RuntimeError(f"{self.name} proposed an already measured config at {self.point.label}")
+            self.seen.update(keys)
+            self.strategy.observe([self.look.measure(c) for c in proposal])
+
+    def finish(self) -> dict[str, Any]:
+        """The final re-measurement; the declared winner and the measurements made."""
+        strat = self.strategy
+        if hasattr(strat, "remeasure"):
+            finals = strat.remeasure()
+            self.rounds += bool(finals)
+            strat.observe_remeasured([self.look.measure(c) for c in finals])
+        winner = strat.winner() if hasattr(strat, "winner") else strat.best()
+        chosen = math.inf if winner is None else float(self.point.time_ms[self.point.index[winner.key]])
+        return {"measurements": self.look.count, "rounds": self.rounds,
+                "winner": None if winner is None else winner.key, "winner_ms": chosen,
+                "quality": chosen / self.point.best_ms}
+
+
 def replay_point(point: RefPoint, strategy: str, budget: int, seed: int, batch: int = 1,
                  hints: Sequence[Config] = (), noise: float = 1.0, noise_model: RepeatNoise | None = None,
                  prior: PriorData | None = None) -> dict[str, Any]:
-    """Run ``strategy`` at ``point`` like a sweep would; its declared winner and the measurements made.
-    ``prior``: the data a ``prior`` search learns from (the committed stores when None)."""
-    if batch < 1:
-        raise ValueError(f"--batch must be >= 1, got {batch}")
-    look = Lookup(point, seed, noise, noise_model)
-    measured: list[Observation] = []
-    if point.default is not None:
-        measured.append(look.measure(point.default))
-    strat = PriorGuided(prior) if strategy == PriorGuided.name else get_strategy(strategy)
-    strat.start(SearchContext(_spec_or_none(point.kernel), point.problem, point.configs, measured,
-                              list(hints), budget, seed))
-    seen = {o.key for o in measured}
-    rounds = 0  # batches: a live sweep waits for each batch's compiles, so they set its wall time
-    while True:
-        proposal = strat.propose(batch)
-        if not proposal:
-            break
-        rounds += 1
-        if len(proposal) > batch:
-            raise RuntimeError(f"{strategy} proposed {len(proposal)} configs for a batch of {batch}")
-        keys = [canonical_json(c) for c in proposal]
-        if seen & set(keys) or len(set(keys)) != len(keys):
-            raise RuntimeError(f"{strategy} proposed an already measured config at {point.label}")
-        seen.update(keys)
-        strat.observe([look.measure(c) for c in proposal])
-    if hasattr(strat, "remeasure"):
-        finals = strat.remeasure()
-        rounds += bool(finals)
-        strat.observe_remeasured([look.measure(c) for c in finals])
-    winner = strat.winner() if hasattr(strat, "winner") else strat.best()
-    chosen = math.inf if winner is None else float(point.time_ms[point.index[winner.key]])
-    return {"measurements": look.count, "rounds": rounds, "winner": None if winner is None else winner.key,
-            "winner_ms": chosen, "quality": chosen / point.best_ms}
+    """Run ``strategy`` at ``point`` like a sweep would (:class:`PointSearch`); its declared winner and
+    the measurements made."""
+    search = PointSearch(point, strategy, budget, seed, batch, hints, noise, noise_model, prior)
+    search.run()
+    return search.finish()
 
 
 def _spec_or_none(kernel: str):
@@ -262,11 +285,17 @@ class Honesty:
 def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Sequence[str], seeds: int,
            batch: int = 1, noise: float = 1.0, heuristic: bool = True,
            on_progress: Callable[[int, int, str], None] | None = None,
-           honesty: Honesty | None = None, noise_model: RepeatNoise | None = None) -> pd.DataFrame:
+           honesty: Honesty | None = None, noise_model: RepeatNoise | None = None,
+           grid: bool = False) -> pd.DataFrame:
     """One row per (strategy, budget, point, seed). Points of one op and shape run in density order,
     each getting the winners found at the earlier ones (nearest density first) as hints, after the
     spec's heuristic (see :class:`Honesty`; ``heuristic`` is its field when ``honesty`` is None).
-    ``on_progress(done, total, label)``: before each point's run and after the last."""
+    ``grid``: each budget is its model grid's (P% of all its points' evaluations, N: N for each of its
+    points), spent in two passes as a sweep's grid budget (:mod:`moetune.tuner.grid_budget`): every
+    point's first pass in that order, with the first passes' bests as the hints, then the second
+    passes; the ``budget`` column reads "3% grid", ``extra`` and ``why`` say what the second pass gave.
+    ``on_progress(done, total, label)``: before each point's run (each pass's, with ``grid``) and after
+    the last."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     if batch < 1:
@@ -285,20 +314,24 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
     groups: dict[tuple, list[RefPoint]] = {}
     for p in points:
         groups.setdefault((p.kernel, p.device_name, canonical_json(p.shape), p.routing), []).append(p)
-    total = len(strategies) * len(budgets) * seeds * len(points)
+    total = len(strategies) * len(budgets) * seeds * len(points) * (2 if grid else 1)
+    done = 0
     for strategy in strategies:
         for budget in budgets:
+            first, plans, grids = _grid_plan(points, budget) if grid else ({}, {}, {})
+            label = f"{budget} grid" if grid else budget
             for seed in range(seeds):
                 won: dict[tuple, list[tuple[str, Config]]] = {}  # (path, density point) -> op winners
                 priors: dict[str, PriorData] = {}  # per held-out model (one for all without a holdout)
+                held: list[tuple[RefPoint, PointSearch]] = []  # after their first pass (grid)
                 for group in groups.values():
                     found: list[tuple[float, Config]] = []
                     for p in group:
                         near = [c for _, c in sorted(found, key=lambda dc: abs(dc[0] - p.density))]
                         at = (family(p.kernel), p.device_name, p.tokens, p.routes, p.active_fraction,
                               p.routing)
-                        first = _heuristic(p) if honesty.heuristic else []
-                        hints = first + (_siblings(p, won.get(at, [])) + near if honesty.warm else [])
+                        start = _heuristic(p) if honesty.heuristic else []
+                        hints = start + (_siblings(p, won.get(at, [])) + near if honesty.warm else [])
                         model = model_key(p.kernel, p.shape)
                         prior = None
                         if strategy == PriorGuided.name:
@@ -308,19 +341,77 @@ def replay(points: Sequence[RefPoint], strategies: Sequence[str], budgets: Seque
                                     lambda s, m=unit: not m or model_key(s.kernel, s.shape) != m)
                             prior = priors[unit]
                         if on_progress is not None:
-                            on_progress(len(rows), total, f"{strategy} {budget} seed {seed}: {p.label}")
-                        r = replay_point(p, strategy, budget_for(budget, p), seed, batch, hints, noise,
-                                         noise_model, prior)
-                        if r["winner"] is not None:
-                            found.append((p.density, json.loads(r["winner"])))
-                            won.setdefault(at, []).append((p.kernel, json.loads(r["winner"])))
-                        rows.append({"strategy": strategy, "budget": budget, "batch": batch, "seed": seed,
-                                     "point": p.label, "kernel": p.kernel, "model": model,
-                                     "density": p.density, "exhaustive": len(p.configs),
-                                     "best_ms": p.best_ms, **r})
+                            on_progress(done, total, f"{strategy} {label} seed {seed}: {p.label}")
+                        done += 1
+                        search = PointSearch(p, strategy, first[id(p)] if grid else budget_for(budget, p),
+                                             seed, batch, hints, noise, noise_model, prior, plans.get(id(p)))
+                        search.run()
+                        if grid:
+                            held.append((p, search))
+                            best = search.strategy.best()
+                            winner = None if best is None else best.key
+                        else:
+                            r = search.finish()
+                            winner = r["winner"]
+                            rows.append(_row(strategy, label, batch, seed, p, r))
+                        if winner is not None:
+                            found.append((p.density, json.loads(winner)))
+                            won.setdefault(at, []).append((p.kernel, json.loads(winner)))
+                second = _second_passes(held, first, grids)
+                for p, search in held:
+                    budget_now, more, why = second[id(p)]
+                    search.strategy.set_budget(budget_now)
+                    if on_progress is not None:
+                        on_progress(done, total, f"{strategy} {label} seed {seed}, second pass: {p.label}")
+                    done += 1
+                    search.run()
+                    rows.append(_row(strategy, label, batch, seed, p, search.finish(), more, why))
     if on_progress is not None:
-        on_progress(len(rows), total, "")
+        on_progress(done, total, "")
     return pd.DataFrame(rows)
+
+
+def _row(strategy: str, budget: str, batch: int, seed: int, p: RefPoint, result: dict[str, Any],
+         extra: int = 0, why: Sequence[str] = ()) -> dict[str, Any]:
+    return {"strategy": strategy, "budget": budget, "batch": batch, "seed": seed, "point": p.label,
+            "kernel": p.kernel, "model": model_key(p.kernel, p.shape), "density": p.density,
+            "exhaustive": len(p.configs), "best_ms": p.best_ms, **result, "extra": extra,
+            "why": ",".join(why)}
+
+
+def _grid_plan(points: Sequence[RefPoint], budget: str
+               ) -> tuple[dict[int, int], dict[int, int], dict[str, int]]:
+    """``budget`` as each model grid's (P% of its points' evaluations, or N for each point): each point's
+    first-pass budget and the even share its search plans for (by ``id``), and each grid's total."""
+    members: dict[str, list[RefPoint]] = {}
+    for p in points:
+        members.setdefault(model_key(p.kernel, p.shape), []).append(p)
+    first, plans, totals = {}, {}, {}
+    for model, ps in members.items():
+        sizes = [len(p.configs) for p in ps]
+        grid = (GridBudget(share=float(budget[:-1]) / 100) if budget.endswith("%")
+                else GridBudget(count=int(budget) * len(ps)))
+        totals[model] = grid.total(sizes)
+        first.update((id(p), share) for p, share in zip(ps, first_pass(sizes, totals[model]), strict=True))
+        plans.update((id(p), even) for p, even in zip(ps, even_shares(sizes, totals[model]), strict=True))
+    return first, plans, totals
+
+
+def _second_passes(held: Sequence[tuple[RefPoint, PointSearch]], first: dict[int, int],
+                   totals: dict[str, int]) -> dict[int, tuple[int, int, tuple[str, ...]]]:
+    """Per point (by ``id``): its budget for the second pass, what its model grid's second pass added
+    and why, from every point's first pass (:func:`grid_budget.second_pass`)."""
+    members: dict[str, list[tuple[RefPoint, PointSearch]]] = {}
+    for p, search in held:
+        members.setdefault(model_key(p.kernel, p.shape), []).append((p, search))
+    out = {}
+    for model, ps in members.items():
+        readings = [reading(p.problem, search.strategy, _spec_or_none(p.kernel), first[id(p)], len(p.configs))
+                    for p, search in ps]
+        extra, why = second_pass(readings, totals[model])
+        out.update((id(p), (r.used + more, more, because))
+                   for (p, _), r, more, because in zip(ps, readings, extra, why, strict=True))
+    return out
 
 
 def _heuristic(point: RefPoint) -> list[Config]:
@@ -349,10 +440,11 @@ def _geomean(x: Iterable[float]) -> float:
 
 
 def per_point(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (strategy, budget, point): measurements and the quality over seeds (geomean and worst)."""
+    """Per (strategy, budget, point): measurements (of them, a grid budget's second pass: ``extra``) and
+    the quality over seeds (geomean and worst)."""
     g = runs.groupby(["strategy", "budget", "point"], sort=False)
     return g.agg(exhaustive=("exhaustive", "first"), measurements=("measurements", "mean"),
-                 rounds=("rounds", "mean"),
+                 extra=("extra", "mean"), rounds=("rounds", "mean"),
                  quality=("quality", _geomean), worst=("quality", "max"),
                  found=("quality", lambda q: float((q <= 1.0 + 1e-12).mean()))).reset_index()
 

@@ -30,9 +30,11 @@ from moetune.specs.base import KernelSpec
 from moetune.specs.registry import get_spec
 from moetune.tables.picker import table_neighbours
 from moetune.tuner.backends.base import Backend, SequentialBackend
+from moetune.tuner.grid_budget import GridBudget, share_first_pass, share_second_pass
 from moetune.tuner.store import Store
 from moetune.tuner.strategies import DEFAULT_STRATEGY, STRATEGIES, Observation, SearchContext, get_strategy
 from moetune.tuner.strategies.adaptive import AdaptiveStrategy
+from moetune.tuner.strategies.base import Strategy
 from moetune.tuner.worker import POINT_FAILED
 
 # Candidates proposed (and compiled in parallel) at a time. Each batch waits for its slowest compile, so
@@ -74,6 +76,10 @@ class Point:
     keys: frozenset = frozenset()  # canonical JSON of every candidate (membership without re-encoding)
     candidate_keys: list[str] | None = None  # the same, in candidate order (strategies index by it)
     failure: str | None = None  # the spec's reference or input maker failed here: the point stopped
+    budget: int | None = None  # most measurements here (None: the strategy's default)
+    plan: int | None = None  # a grid budget's first pass: the budget its search plans for (SearchContext)
+    extra: int = 0  # of them, what a grid budget's second pass added
+    why: tuple[str, ...] = ()  # and why (grid_budget.disagreements)
 
     def note(self, obs: Observation) -> None:
         if obs.ok and (self.best is None or obs.time_ms < self.best.time_ms):
@@ -191,10 +197,14 @@ class Sweep:
                  budget: int | None = None, seed: int = 0, on_event: Callable[..., None] | None = None,
                  sweep_id: str | None = None, batch: int = BATCH, time_limit: float | None = None,
                  retry: Sequence[str] = (), starts: Sequence[Config] = (), full_space: bool = False,
-                 prefetch: bool = False):
+                 prefetch: bool = False, grid_budget: GridBudget | None = None):
         get_strategy(strategy)  # unknown name -> ValueError before anything runs
         if budget is not None and budget < 1:
             raise ValueError(f"--budget must be >= 1, got {budget}")
+        if budget is not None and grid_budget is not None:
+            raise ValueError("--budget (each point's) and --grid-budget (the sweep's) exclude each other")
+        self.grid_budget = grid_budget
+        self.grid_total: int | None = None  # the grid budget in measurements, once planned
         self.retry = check_retry(retry)
         if time_limit is not None and time_limit <= 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit}")
@@ -260,6 +270,7 @@ class Sweep:
                        else plan_point(get_spec(p.kernel), p, device, memo, full_space=self.full_space)
                        for p in problems]
         for pt in self.points:
+            pt.budget, pt.plan = self.budget, None
             stored = self._stored(pt.problem)
             pt.already = len(stored)
             for o in stored:
@@ -269,21 +280,35 @@ class Sweep:
     def expected(self, pt: Point) -> int:
         """Measurements this sweep will still make at ``pt`` (for the progress bar)."""
         total = len({canonical_json(c) for c in pt.candidates} | {canonical_json(pt.default)})
-        return max(0, STRATEGIES[self.strategy].planned(total, self.budget) - pt.already)
+        return max(0, STRATEGIES[self.strategy].planned(total, pt.budget) - pt.already)
 
     def run(self, problems: Sequence[Problem] | None = None) -> list[Point]:
         if problems is not None or not self.points:
             if self.runner.device is None:
                 self.runner.start()
             self.plan(problems or [], self.runner.device)
+        self._first_pass()
         self.on_event("start", points=self.points, total=sum(self.expected(pt) for pt in self.points))
         self._deadline = None if self.time_limit is None else time.monotonic() + self.time_limit
-        for i, pt in enumerate(self.points):
-            if self._out_of_time():
-                break
-            self._run_point(pt, self._hints(i))
+        self._searches: dict[int, Strategy] = {}
+        for final in (False, True) if self.grid_budget else (True,):
+            if final and self.grid_budget:
+                self._second_pass(self._searches)
+            for i, pt in enumerate(self.points):
+                if self._out_of_time():
+                    break
+                self._run_point(i, pt, final)
         self.on_event("done", points=self.points)
         return self.points
+
+    def _first_pass(self) -> None:
+        if self.grid_budget is not None:
+            self.grid_total = share_first_pass(self.points, self.grid_budget, STRATEGIES[self.strategy])
+
+    def _second_pass(self, searches: dict[int, Strategy]) -> None:
+        if not self._out_of_time():
+            more = share_second_pass(self.points, searches, self.grid_total)
+            self.on_event("second_pass", points=self.points, total=more)
 
     def cross(self) -> None:
         """Measure each point's best at every other point of the same op, shape and routing that has not
@@ -368,7 +393,7 @@ class Sweep:
         ``budgeted``, ones past the budget that cooperating sweeps have spent at the point together."""
         key = self._key(pt.problem)
         ttl = 3 * self.runner.timeout + 60
-        budget = self.budget if budgeted else None
+        budget = pt.budget if budgeted else None
 
         def admit(config: Config) -> bool:
             return self.store.claim(key, config, ttl, self.retry, budget)
@@ -416,16 +441,22 @@ class Sweep:
         firsts = {canonical_json(c): c for c in [pt.default, *starts]}
         return [c for k, c in firsts.items() if k not in measured]
 
-    def _run_point(self, pt: Point, hints: list[Config]) -> None:
-        self.on_event("point", point=pt)
-        firsts = self._firsts(pt)
-        if firsts:
-            self._measure(pt, firsts)
-        if self._out_of_time() or pt.failure:
+    def _run_point(self, i: int, pt: Point, final: bool = True) -> None:
+        """The default and starts, the strategy's proposals up to ``pt.budget``, then (``final``) the
+        re-measurement; a grid budget's second pass goes on with the strategy in ``_searches``."""
+        if pt.failure:
             return
-        strategy = get_strategy(self.strategy)
-        strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
-                                     hints, self.budget, self.seed, pt.candidate_keys))
+        self.on_event("point", point=pt)
+        strategy = self._searches.get(i)
+        if strategy is None:
+            firsts = self._firsts(pt)
+            if firsts:
+                self._measure(pt, firsts)
+            if self._out_of_time() or pt.failure:
+                return
+            strategy = self._searches[i] = get_strategy(self.strategy)
+            strategy.start(SearchContext(pt.spec, pt.problem, pt.candidates, self._stored(pt.problem),
+                                         self._hints(i), pt.budget, self.seed, pt.candidate_keys, pt.plan))
         # A strategy that does not learn from results can propose the next batch before this one is
         # measured, so the compile workers build it meanwhile (proposed configs are never re-proposed).
         early = not isinstance(strategy, AdaptiveStrategy)
@@ -436,7 +467,8 @@ class Sweep:
             if self._out_of_time() or pt.failure:
                 return
             batch = ahead if early else strategy.propose(self.batch)
-        self._remeasure(pt, strategy)
+        if final:
+            self._remeasure(pt, strategy)
 
     def _remeasure(self, pt: Point, strategy: Any) -> None:
         """The strategy's final, interleaved re-measurement of its top candidates.
@@ -464,22 +496,3 @@ class Sweep:
             if self._out_of_time():
                 return
         strategy.observe_remeasured(obs)
-
-
-def summary_rows(points: Sequence[Point]) -> list[dict[str, Any]]:
-    """One plain dict per point for tables and scripts."""
-    rows = []
-    for pt in points:
-        p = pt.problem
-        rows.append({
-            "kernel": p.kernel, "shape": p.shape_key, "tokens": p.tokens, "routes": p.routes,
-            "active": p.active_fraction, "routing": p.routing, "density": p.density,
-            "candidates": len(pt.candidates), "pruned": pt.pruned, "already": pt.already,
-            **{s: pt.counts.get(s, 0) for s in ("ok", "inaccurate", "compile_error", "crash", "timeout",
-                                                 "invalid")},
-            "best_ms": pt.best.time_ms if pt.best else None,
-            "best_config": json.dumps(pt.best.config, sort_keys=True) if pt.best else None,
-            "default_ms": pt.baseline.time_ms if pt.baseline and pt.baseline.ok else None,
-            "speedup": pt.speedup,
-        })
-    return rows

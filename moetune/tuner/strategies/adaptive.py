@@ -2,7 +2,9 @@
 
 Budget. ``ctx.budget`` counts every measurement at the point (the stored default
 included). With no budget an adaptive strategy takes a tenth of the candidates
-(at least ``MIN_BUDGET``) instead of walking the whole space.
+(at least ``MIN_BUDGET``) instead of walking the whole space. ``ctx.plan``: the
+budget its phases are laid out over where the driver stops it at ``ctx.budget``
+first and sets a budget anew later (a grid budget's first pass).
 
 Final re-measurement. A single noisy measurement flatters a lucky candidate, so
 before declaring a winner the top ``FINALISTS`` ok candidates are measured again,
@@ -55,21 +57,33 @@ class AdaptiveStrategy(Strategy):
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.space = Space(ctx.candidates, ctx.keys)
-        self.total = self.planned(len(ctx.candidates), ctx.budget)
-        rounds = min(MAX_ROUNDS, int(FINAL_SHARE * self.total) // FINALISTS)
-        self.rounds = rounds
         self._recheck = hint_indices(self)[:RECHECK]
-        self.reserve = rounds * FINALISTS + len(self._recheck)
+        self._plan_budget()
         self.finals: list[Observation] = []
         self._expanded: set[int] = set()
+
+    def set_budget(self, budget: int) -> None:
+        super().set_budget(budget)
+        self._plan_budget()
+
+    def _plan_budget(self) -> None:
+        """The point's total, the share of it reserved for the final re-measurement, and the total the
+        search's phases are laid out over (``ctx.plan``, where the driver stops the search early)."""
+        assert self.ctx is not None
+        n = len(self.ctx.candidates)
+        self.total = self.planned(n, self.ctx.budget)
+        self.rounds = _rounds(self.total)
+        self.reserve = self.rounds * FINALISTS + len(self._recheck)
+        span = self.total if self.ctx.plan is None else max(self.total, self.planned(n, self.ctx.plan))
+        self.span = span - _rounds(span) * FINALISTS - len(self._recheck)  # as a search of that budget
 
     # ---- budget ---------------------------------------------------------------------------------
     def budget_left(self) -> int:
         return max(0, self.total - self.reserve - len(self._seen))
 
     def search_budget(self) -> int:
-        """Measurements the search itself may make at this point (before the re-measurement)."""
-        return max(1, self.total - self.reserve)
+        """Measurements the search lays its phases out over at this point (before the re-measurement)."""
+        return max(1, self.span)
 
     # ---- what is known ----------------------------------------------------------------------------
     def times(self) -> dict[int, float]:
@@ -131,6 +145,11 @@ class AdaptiveStrategy(Strategy):
         key = min(mean, key=lambda k: (mean[k], k))
         first = next(o for o in self.history if o.key == key)
         return Observation(first.config, "ok", mean[key], first.spread, first.error)
+
+
+def _rounds(total: int) -> int:
+    """Rounds of the final re-measurement a point's total affords."""
+    return min(MAX_ROUNDS, int(FINAL_SHARE * total) // FINALISTS)
 
 
 def hint_indices(strategy: AdaptiveStrategy) -> list[int]:

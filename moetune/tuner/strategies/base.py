@@ -12,6 +12,7 @@ measured; :meth:`Strategy.fresh` filters for that. An empty proposal ends the se
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,9 @@ class SearchContext:
     budget: int | None = None  # most measurements at this point, those already stored included
     seed: int = 0
     keys: list[str] | None = None  # the candidates' canonical JSON, when the caller has it already
+    # the budget the search lays its phases out over when the driver stops it earlier, at ``budget``, to
+    # set its budget anew later (a grid budget's first pass); None: ``budget``
+    plan: int | None = None
 
     def remaining_budget(self, measured: int) -> int:
         return len(self.candidates) + 1 if self.budget is None else max(0, self.budget - measured)
@@ -92,6 +96,17 @@ class Strategy:
     def propose(self, n: int) -> list[Config]:
         """Up to ``n`` not-yet-measured candidates from ``ctx.candidates``; [] when done."""
         raise NotImplementedError
+
+    def set_budget(self, budget: int) -> None:
+        """The point's budget anew, once the search stopped at the one it started with (a grid budget's
+        second pass, :mod:`moetune.tuner.grid_budget`): it goes on from where it was, with all it
+        measured, its phases laid out over ``budget`` from now on."""
+        assert self.ctx is not None, "start() first"
+        self.ctx = dataclasses.replace(self.ctx, budget=budget, plan=None)
+
+    def first_choices(self, n: int) -> list[str] | None:
+        """The keys of the ``n`` candidates this strategy's prior ranks first; None where it has none."""
+        return None
 
     def upcoming(self, n: int) -> list[Config]:
         """Up to ``n`` unproposed candidates this strategy is likely to propose soon, proposing none:

@@ -198,11 +198,9 @@ class ModelGuided(AdaptiveStrategy):
 
     # ---- proposals -----------------------------------------------------------------------------------
     def propose(self, n: int) -> list[Config]:
-        left = self.budget_left()
-        if left <= 0:
+        if self.budget_left() <= 0:
             return []
-        total = self.search_budget()
-        used = total - left
+        total, used = self.search_budget(), len(self._seen)
         # Batches of at most a quarter of the budget, so the model learns between them; smaller ones
         # replayed worse, in more (compile-bound) rounds (docs/tuner.md, "Strategies").
         k = min(n, max(1, total // 4))
@@ -226,8 +224,7 @@ class ModelGuided(AdaptiveStrategy):
     def upcoming(self, n: int) -> list[Config]:
         if self.budget_left() <= 0:
             return []
-        total = self.search_budget()
-        used = total - self.budget_left()
+        total, used = self.search_budget(), len(self._seen)
         guess = self.unmeasured(self._hints)
         if used < EXPLORE * total:
             guess += self.unmeasured(self._order[:math.ceil(EXPLORE * total) + n])

@@ -290,6 +290,9 @@ class PriorGuided(ModelGuided):
             return []
         return self.unmeasured(self._prior_order)[:math.ceil(PRIOR_SHARE * total) - used]
 
+    def first_choices(self, n: int) -> list[str] | None:
+        return [self.space.keys[i] for i in self._prior_order[:n]] if self._prior_order else None
+
     def upcoming(self, n: int) -> list[Config]:
         guess = self.unmeasured(self._prior_order[:n]) + [self.space.index[canonical_json(c)]
                                                            for c in super().upcoming(n)]
