@@ -42,6 +42,22 @@ class Space:
                        for p, vs in params.items() if len(vs) > 1}
         self.numeric = {p for p, vs in self.values.items() if all(_numeric(v) for v in vs)}
         self.features = self._encode(columns)
+        # each candidate as its value positions, packed in one int: neighbours are found by arithmetic
+        # and a dict lookup, not by a JSON key per step (a prior smooths ~10^5 candidates' neighbours)
+        self._order = sorted(self.values, key=lambda p: p not in self.numeric)
+        self._stride = {}
+        stride = 1
+        for p in self._order:
+            self._stride[p] = stride
+            stride *= len(self.values[p])
+        self._at = {p: [{v: j for j, v in enumerate(self.values[p])}[v] for v in columns[p]]
+                    for p in self._order}
+        codes = [0] * len(self.candidates)
+        for p in self._order:
+            st = self._stride[p]
+            codes = [c + a * st for c, a in zip(codes, self._at[p], strict=True)]
+        self._codes = codes
+        self._by_code = {c: i for i, c in enumerate(codes)}
 
     def _encode(self, columns: dict[str, list]) -> np.ndarray:
         """log2 of numeric values scaled to [0, 1]; one-hot categoricals scaled so a mismatch counts 1."""
@@ -64,25 +80,22 @@ class Space:
     def neighbours(self, i: int) -> list[int]:
         """Candidates one step away from candidate ``i`` along one parameter (skipping values the
         constraints pruned at this point), numeric steps first."""
-        base = self.candidates[i]
+        code = self._codes[i]
         out: list[int] = []
-        for p in sorted(self.values, key=lambda p: p not in self.numeric):
-            vs = self.values[p]
-            if base.get(p) not in vs:
-                continue
-            at = vs.index(base[p])
+        for p in self._order:
+            at, st, n = self._at[p][i], self._stride[p], len(self.values[p])
             if p in self.numeric:
                 for step in (-1, 1):
                     j = at + step
-                    while 0 <= j < len(vs):
-                        k = self.index.get(canonical_json({**base, p: vs[j]}))
+                    while 0 <= j < n:
+                        k = self._by_code.get(code + (j - at) * st)
                         if k is not None:
                             out.append(k)
                             break
                         j += step
             else:
-                for v in vs:
-                    k = self.index.get(canonical_json({**base, p: v})) if v != base[p] else None
+                for j in range(n):
+                    k = self._by_code.get(code + (j - at) * st) if j != at else None
                     if k is not None:
                         out.append(k)
         return out
