@@ -74,11 +74,10 @@ def sweep(
     grid_budget: Annotated[str | None, typer.Option(help="measurements for the whole sweep, N or P% of all "
                                                          "its points' candidates: a first pass gives each "
                                                          "point 2%, the rest goes to the points whose "
-                                                         "neighbouring densities disagree \\[default for "
-                                                         "prior, model and coordinate: what their "
-                                                         "per-point defaults add up to (prior 5%, model "
-                                                         "and coordinate 10% of each point's candidates, "
-                                                         "at least 30)]")] = None,
+                                                         "neighbouring densities disagree \\[default: prior "
+                                                         "1.2%; for model and coordinate: what their "
+                                                         "per-point defaults add up to (10% of each "
+                                                         "point's candidates, at least 30)]")] = None,
     seed: Annotated[int, typer.Option(help="seed of the search and of the inputs")] = 0,
     db: Annotated[Path, typer.Option(help="results database")] = Path(DEFAULT_DB),
     timeout: Annotated[float, typer.Option(help="seconds one candidate may take")] = 60.0,

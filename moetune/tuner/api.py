@@ -213,13 +213,14 @@ def prepare(*, model: str | None = None, kernels: str | Sequence[str] | None = N
 def sweep_budget(strategy: str, budget: int | None, grid_budget: str | int | GridBudget | None
                  ) -> GridBudget | None:
     """The grid budget a sweep spends: ``grid_budget`` as given, or (neither it nor a per-point ``budget``
-    given) for a strategy that searches within a budget, what its per-point defaults add up to, spent
-    where the points disagree (:mod:`moetune.tuner.grid_budget`). None: per-point budgets."""
+    given) for a strategy that searches within a budget, its default grid share (``grid_share``) or else
+    what its per-point defaults add up to, spent where the points disagree
+    (:mod:`moetune.tuner.grid_budget`). None: per-point budgets."""
     if budget is not None and grid_budget is not None:
         raise ValueError("--budget (each point's) and --grid-budget (the sweep's) exclude each other")
     if isinstance(grid_budget, GridBudget) or grid_budget is None:
         if grid_budget is None and budget is None and issubclass(STRATEGIES[strategy], AdaptiveStrategy):
-            return GridBudget()
+            return GridBudget(share=STRATEGIES[strategy].grid_share)
         return grid_budget
     return GridBudget.parse(grid_budget)
 

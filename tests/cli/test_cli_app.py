@@ -56,7 +56,6 @@ def test_kernel_repeats_wherever_a_command_takes_several():
 def test_sweep_help_shows_the_default_strategy_and_budget(cli):
     from moetune.tuner.strategies import DEFAULT_STRATEGY, STRATEGIES
     from moetune.tuner.strategies.adaptive import DEFAULT_FRACTION, MIN_BUDGET, AdaptiveStrategy
-    from moetune.tuner.strategies.prior import DEFAULT_SHARE
 
     res = CliRunner().invoke(app, ["sweep", "--help"], env={"COLUMNS": "300", "TERMINAL_WIDTH": "300"})
     flat = " ".join(res.output.replace("│", " ").split())
@@ -65,7 +64,7 @@ def test_sweep_help_shows_the_default_strategy_and_budget(cli):
     adaptive = sorted(n for n, s in STRATEGIES.items() if issubclass(s, AdaptiveStrategy))
     assert adaptive == ["coordinate", "model", "prior"]  # the help names these as the budgeted ones
     # the budgeted strategies' default is a grid budget: their per-point shares added up
-    assert "--grid-budget" in flat and "[default for prior, model and coordinate:" in flat, flat
+    assert "--grid-budget" in flat and "[default: prior" in flat, flat
     assert f"{DEFAULT_FRACTION:.0%} of each point's candidates, at least {MIN_BUDGET}" in flat, flat
-    assert f"prior {DEFAULT_SHARE:.0%}" in flat
+    assert f"prior {STRATEGIES['prior'].grid_share:.1%}" in flat
     assert "random and exhaustive every candidate" in flat

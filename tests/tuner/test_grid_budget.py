@@ -139,7 +139,8 @@ def test_first_pass_shares():
 
 
 def test_the_default_sweep_spends_a_grid_budget():
-    assert sweep_budget("prior", None, None) == GridBudget()
+    assert sweep_budget("prior", None, None) == GridBudget(share=0.012)
+    assert sweep_budget("model", None, None) == GridBudget()
     assert sweep_budget("model", None, "3%") == GridBudget(share=0.03)
     assert sweep_budget("prior", 40, None) is None  # a per-point budget as before
     assert sweep_budget("exhaustive", None, None) is None  # every candidate, as before

@@ -49,6 +49,10 @@ RECHECK = 1  # warm starts (first hints) measured again at the end, finalist or 
 class AdaptiveStrategy(Strategy):
     """Base of strategies that choose each batch from what they measured so far."""
 
+    # a sweep's default grid budget, as a share of all its points' candidates; None: the sum of the
+    # per-point defaults (``planned``)
+    grid_share: float | None = None
+
     @classmethod
     def planned(cls, candidates: int, budget: int | None) -> int:
         total = budget if budget is not None else max(MIN_BUDGET, math.ceil(DEFAULT_FRACTION * candidates))
