@@ -51,7 +51,8 @@ def _gemm_launches(spec, problem, config, launches):
     launches.clear()
     spec.run(spec.make_inputs(problem, "cpu", 3), config)
     # the routing helpers' bins follow E by design: they are per problem, not per config
-    return [rec for rec in launches if not rec[0].startswith("_align")]
+    routing = ("_align", "_chunk_histograms", "_scatter_routes")
+    return [rec for rec in launches if not rec[0].startswith(routing)]
 
 
 CASES = [
