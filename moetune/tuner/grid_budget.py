@@ -47,15 +47,16 @@ class GridBudget:
     share: float | None = None
 
     @classmethod
-    def parse(cls, value: str | int) -> GridBudget:
-        """``"5%"`` (of the grid's candidates) or ``"4000"`` (measurements); ValueError otherwise."""
+    def parse(cls, value: str | int, option: str = "--grid-budget") -> GridBudget:
+        """``"5%"`` (of the grid's candidates) or ``"4000"`` (measurements); ValueError naming ``option``
+        otherwise."""
         text = str(value).strip()
         try:
             number = float(text[:-1]) if text.endswith("%") else int(text)
         except ValueError:
-            raise ValueError(f"--grid-budget: {text!r} is neither a count nor a percentage") from None
+            raise ValueError(f"{option}: {text!r} is neither a count nor a percentage") from None
         if number <= 0:
-            raise ValueError(f"--grid-budget: {text!r} must be positive")
+            raise ValueError(f"{option}: {text!r} must be positive")
         return cls(share=number / 100) if text.endswith("%") else cls(count=int(number))
 
     def total(self, sizes: Sequence[int], default: Any = None) -> int:

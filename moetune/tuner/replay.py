@@ -147,12 +147,7 @@ def parse_budgets(text: str) -> list[str]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        try:
-            value = float(part[:-1]) if part.endswith("%") else int(part)
-        except ValueError:
-            raise ValueError(f"--budget: {part!r} is neither a count nor a percentage") from None
-        if value <= 0:
-            raise ValueError(f"--budget: {part!r} must be positive")
+        GridBudget.parse(part, "--budget")  # the same spelling and checks as a grid budget
         out.append(part)
     if not out:
         raise ValueError("--budget: give at least one budget")

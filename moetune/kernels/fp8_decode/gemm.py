@@ -65,9 +65,12 @@ def _active_routes(ids_ptr, R, R_P2: tl.constexpr):
 
 
 @triton.jit
-def _nth(lane, flags, prefix, j):
-    """The lane of the (j + 1)-th set flag (``prefix``: the flags' inclusive prefix sum)."""
-    return tl.sum(tl.where((flags != 0) & (prefix == j + 1), lane, 0), 0)
+def _route_tile(t, lane, flags, prefix, count, n_tiles):
+    """Tile ``t`` of the flagged routes' tiles, route fastest: (route, N tile, K split). ``count`` routes
+    are flagged; ``prefix``: the flags' inclusive prefix sum (the route is the (j + 1)-th flagged lane)."""
+    j = t % count
+    rest = t // count
+    return tl.sum(tl.where((flags != 0) & (prefix == j + 1), lane, 0), 0), rest % n_tiles, rest // n_tiles
 
 
 @triton.jit
@@ -114,9 +117,8 @@ def _zero_inactive_tiles(ids_ptr, out_ptr, R, N, SPLITS, stride_os, stride_om, B
     n_idle = tl.sum(idle, 0)
     n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
     for t in range(tl.program_id(0), n_idle * n_tiles * SPLITS, tl.num_programs(0)):
-        rest = t // n_idle
-        _zero_route_tile(out_ptr, _nth(lane, idle, prefix, t % n_idle), rest % n_tiles, rest // n_tiles, N,
-                         stride_os, stride_om, BLOCK_SIZE_N)
+        r, pid_n, pid_k = _route_tile(t, lane, idle, prefix, n_idle, n_tiles)
+        _zero_route_tile(out_ptr, r, pid_n, pid_k, N, stride_os, stride_om, BLOCK_SIZE_N)
 
 
 @triton.jit(do_not_specialize=["SPLIT_ITERS", "SPLITS"])
@@ -140,12 +142,11 @@ def _route_gemm_kernel(
         n_active = tl.sum(active, 0)
         n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
         for t in range(tl.program_id(0), n_active * n_tiles * SPLITS, tl.num_programs(0)):
-            r = _nth(lane, active, prefix, t % n_active)
-            rest = t // n_active
-            _gemv_route_tile(a_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, r, tl.load(ids_ptr + r), rest % n_tiles,
-                             rest // n_tiles, N, K, A_ROW_DIV, stride_am, stride_ak, stride_we, stride_wn,
-                             stride_wk, stride_se, stride_sn, stride_sk, stride_os, stride_om, APPLY_WEIGHT,
-                             BLOCK_SIZE_N, BLOCK_SIZE_K, SPLIT_ITERS, PREFETCH, GEMV_STAGES)
+            r, pid_n, pid_k = _route_tile(t, lane, active, prefix, n_active, n_tiles)
+            _gemv_route_tile(a_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, r, tl.load(ids_ptr + r), pid_n, pid_k, N,
+                             K, A_ROW_DIV, stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_se,
+                             stride_sn, stride_sk, stride_os, stride_om, APPLY_WEIGHT, BLOCK_SIZE_N,
+                             BLOCK_SIZE_K, SPLIT_ITERS, PREFETCH, GEMV_STAGES)
         if FILL_INACTIVE:
             _zero_inactive_tiles(ids_ptr, out_ptr, R, N, SPLITS, stride_os, stride_om, BLOCK_SIZE_N, R_P2)
     else:
@@ -280,10 +281,9 @@ def _route_dot_kernel(
         n_active = tl.sum(active, 0)
         n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
         for t in range(tl.program_id(0), n_active * n_tiles * SPLITS, tl.num_programs(0)):
-            r = _nth(lane, active, prefix, t % n_active)
-            rest = t // n_active
+            r, pid_n, pid_k = _route_tile(t, lane, active, prefix, n_active, n_tiles)
             _dot_route_tile(a_ptr, lo_ptr, sa_ptr, w_ptr, s_ptr, rw_ptr, out_ptr, r, tl.load(ids_ptr + r),
-                            rest % n_tiles, rest // n_tiles, N, K, A_ROW_DIV, stride_am, stride_ak,
+                            pid_n, pid_k, N, K, A_ROW_DIV, stride_am, stride_ak,
                             stride_sam, stride_sac, stride_we, stride_wn, stride_wk, stride_se, stride_sn,
                             stride_sk, stride_os, stride_om, APPLY_WEIGHT, BLOCK_SIZE_N, BLOCK_SIZE_K,
                             SPLIT_ITERS, DOT_FP32, A_FP8, W_TMA)
@@ -375,7 +375,7 @@ def fp8_block_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, topk
         # the Triton interpreter's bf16 (and fp8) tl.dot is wrong or missing (3.9); it runs the dot in fp32
         dot_fp32 = a.dtype == torch.float32 or (interpreter_active()
                                                 and (a_mode == 1 or a.dtype == torch.bfloat16))
-    programs = cfg["PERSISTENT"] * device_info(a.device.index).sm_count
+    programs = cfg["PERSISTENT"] * device_info(a.device.index).sm_count if cfg["PERSISTENT"] else 0
     if cfg["ALGO"] == "route":
         tiles = routes * n_tiles * split
         # in-kernel compaction holds every route id in registers: above PERSISTENT_MAX_ROUTES, one tile each

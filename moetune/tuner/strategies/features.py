@@ -50,8 +50,8 @@ class Space:
         for p in self._order:
             self._stride[p] = stride
             stride *= len(self.values[p])
-        self._at = {p: [{v: j for j, v in enumerate(self.values[p])}[v] for v in columns[p]]
-                    for p in self._order}
+        position = {p: {v: j for j, v in enumerate(self.values[p])} for p in self._order}
+        self._at = {p: [position[p][v] for v in columns[p]] for p in self._order}
         codes = [0] * len(self.candidates)
         for p in self._order:
             st = self._stride[p]
