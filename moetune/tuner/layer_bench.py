@@ -164,7 +164,8 @@ def bench_layer(model: ModelPreset, tp: int, tokens: Sequence[int], active: Sequ
     for n, (t, f) in enumerate(points):
         if on_progress is not None:
             on_progress(n, len(points), f"t{t} a{f:g}")
-        cfg = resolve_config(None, shapes, picked_routes(t, model.top_k, f if opts.hint else None))
+        cfg = resolve_config(None, shapes, picked_routes(t, model.top_k, f if opts.hint else None),
+                             idle=opts.hint and f == 0)
         cfg = {g: check_gemm_config({**c, **opts.override}, f"{g} with override") for g, c in cfg.items()}
         runs, ref_args = [], None
         for c in copies:

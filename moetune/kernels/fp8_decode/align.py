@@ -82,12 +82,13 @@ def _align_sort_kernel(
         tl.store(sorted_ptr + i, tl.zeros([FILL], tl.int32) + R, mask=i < MAX_BLOCKS * BLOCK_SIZE_M)
         tl.store(block_expert_ptr + i, tl.zeros([FILL], tl.int32) - 1, mask=i < MAX_BLOCKS)
     tl.debug_barrier()
-    key = tl.sort(tl.where(active, ids, E) * R_P2 + lane)
-    expert = key // R_P2
-    used = expert < E
-    pos = lane + tl.load(shift_ptr + expert, mask=used, other=0)
-    tl.store(sorted_ptr + pos, key % R_P2, mask=used)
-    tl.store(block_expert_ptr + pos // BLOCK_SIZE_M, expert, mask=used & (pos % BLOCK_SIZE_M == 0))
+    if tl.sum(active.to(tl.int32), 0) > 0:  # with no active route the sort is most of an idle layer's time
+        key = tl.sort(tl.where(active, ids, E) * R_P2 + lane)
+        expert = key // R_P2
+        used = expert < E
+        pos = lane + tl.load(shift_ptr + expert, mask=used, other=0)
+        tl.store(sorted_ptr + pos, key % R_P2, mask=used)
+        tl.store(block_expert_ptr + pos // BLOCK_SIZE_M, expert, mask=used & (pos % BLOCK_SIZE_M == 0))
 
 
 class RouteBlocks(NamedTuple):

@@ -103,9 +103,15 @@ FUSED_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
+# a hint of no active route: the picked tiles loop over the active ones, so an idle GEMM costs its launch
+# (docs/kernels/fp8_decode.md, PERSISTENT)
+IDLE_PERSISTENT = 2
+
+
 def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict], routes: int,
-                   fused: bool = False) -> dict[str, dict[str, Any]]:
-    """Per-GEMM configs: checked ``config`` entries; for missing ones the tile picker's choice, or
+                   fused: bool = False, idle: bool = False) -> dict[str, dict[str, Any]]:
+    """Per-GEMM configs: checked ``config`` entries; for missing ones the tile picker's choice (with
+    ``idle``, the deployment expecting no active route, run on ``IDLE_PERSISTENT`` programs per SM), or
     ``FUSED_CONFIG`` with ``fused`` (which then requires FUSE 1 in every given entry)."""
     if not isinstance(fused, bool):
         raise ValueError(f"fused must be True or False, got {fused!r}")
@@ -128,8 +134,10 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
         else:
             from moetune.tables.picker import pick_config
 
-            out[gemm] = check_gemm_config(pick_config(f"fp8_decode.{gemm}", shapes[gemm], routes),
-                                          f"picked config for fp8_decode.{gemm}")
+            picked = pick_config(f"fp8_decode.{gemm}", shapes[gemm], routes)
+            if idle:
+                picked = {**picked, "PERSISTENT": IDLE_PERSISTENT}
+            out[gemm] = check_gemm_config(picked, f"picked config for fp8_decode.{gemm}")
     return out
 
 
@@ -158,14 +166,17 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 
     ``active_share``: the share of top-k slots the deployment expects active (hybrid offload knows it),
     a static hint: the picker chooses tiles for that many active routes (``picked_routes``) instead of
-    all of them. The result is exact whatever the routing; only speed depends on the hint.
+    all of them; with 0, every route's tiles on the persistent grid (``IDLE_PERSISTENT``), which costs
+    its launches alone when nothing is active. The result is exact whatever the routing; only speed
+    depends on the hint.
     """
     m, h, e, inter, top_k = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                          activation, swiglu_limit)
     pdl = resolve_pdl(pdl, x)
     dtype = _dtype_name(x.dtype)
     shapes = gemm_shapes(e, h, inter, top_k, dtype)
-    cfg = resolve_config(config, shapes, picked_routes(m, top_k, active_share), fused)
+    cfg = resolve_config(config, shapes, picked_routes(m, top_k, active_share), fused,
+                         idle=active_share == 0)
     if validate and topk_ids.numel():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < -1 or hi >= e:

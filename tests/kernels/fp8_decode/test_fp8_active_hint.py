@@ -38,3 +38,25 @@ def test_the_picker_is_asked_for_the_hinted_active_routes(monkeypatch, hint, ask
 def test_a_bad_hint_is_refused_naming_it(device):
     with pytest.raises(ValueError, match="active_share"):
         layer_mod.fp8_decode_moe(*_layer(device), active_share=2)
+
+
+@pytest.mark.parametrize("hint", [None, 0.25, 0.0])
+def test_a_hint_of_no_active_route_loops_the_picked_tiles(monkeypatch, hint, device):
+    seen = []
+    real = layer_mod.decode_moe_into
+    monkeypatch.setattr(layer_mod, "decode_moe_into",
+                        lambda *a, **kw: seen.append(a[7]) or real(*a, **kw))
+    args = _layer(device)
+    args[-1].fill_(-1)  # every slot inactive: the output is zero whatever the tiles
+    out = layer_mod.fp8_decode_moe(*args, active_share=hint)
+    want = layer_mod.IDLE_PERSISTENT if hint == 0 else 0
+    assert [seen[0][g]["PERSISTENT"] for g in ("gate_up", "down")] == [want, want]
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def test_an_idle_hint_leaves_given_configs_as_they_are():
+    given = {"ALGO": "grouped", "BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64}
+    cfg = layer_mod.resolve_config({"down": given}, {"gate_up": {"E": 6, "N": 512, "K": 256, "top_k": 4,
+                                                                 "dtype": "bfloat16"}}, 16, idle=True)
+    assert cfg["down"]["PERSISTENT"] == 0
+    assert cfg["gate_up"]["PERSISTENT"] == layer_mod.IDLE_PERSISTENT
