@@ -43,6 +43,9 @@ SMOOTH_BELOW = 1.0  # smoothed: configs with less evidence than this many shrink
 DEFAULT_SHARE = 0.05  # of a point's candidates, when no budget is given (docs/tuner.md, "Replay")
 REFRESH = 1.5  # the prior is recomputed when the other points' readings grew by this factor
 PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm starts
+PRIOR_POLISH = 0.6  # share of the budget after which the polish starts (the model's is later)
+CONTEND = 1.15  # a design contends while its fastest measured config reads within this of the best
+TRUST = 2  # the model picks among the neighbours of each contending design's fastest this many
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
 WEIGHTS = {"density": 2.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
            "active": 1.0}
@@ -233,6 +236,7 @@ class PriorGuided(ModelGuided):
     # DeepSeek-V3 TP4's 96-point decode grid in 252 s on an H200, within 0.8% of direct sweeps at six
     # points (docs/performance.md, "What tuning costs")
     grid_share = 0.012
+    polish = PRIOR_POLISH
 
     @classmethod
     def planned(cls, candidates: int, budget: int | None) -> int:
@@ -246,6 +250,7 @@ class PriorGuided(ModelGuided):
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.data = self._given if self._given is not None else shared()
+        self._designs: list[str] | None = None
         self._refresh()
 
     def _refresh(self) -> None:
@@ -278,6 +283,64 @@ class PriorGuided(ModelGuided):
                 out[i] = (total[i] + NEIGHBOUR * sum(weight[j] * score[j] for j in nb)) / (
                     mass[i] + NEIGHBOUR * sum(weight[j] for j in nb))
         return out
+
+    # ---- designs: the search goes on around the best of every design in contention -----------------
+    def design(self, i: int) -> str:
+        """Candidate ``i``'s design (``KernelSpec.design``; one design without a spec)."""
+        assert self.ctx is not None
+        if self._designs is None:
+            spec = self.ctx.spec
+            self._designs = [spec.design(c) if spec is not None else "" for c in self.space.candidates]
+        return self._designs[i]
+
+    def contenders(self) -> dict[str, list[int]]:
+        """The measured candidates of each design in contention (its fastest reads within ``CONTEND`` of
+        the best), fastest first; designs in the order of their fastest. At a design boundary the
+        runner-up design's best is as often one step from the winner as the leader's."""
+        times = self.times()
+        out: dict[str, list[int]] = {}
+        if not times:
+            return out
+        order = sorted(times, key=times.__getitem__)
+        best = times[order[0]]
+        for i in order:
+            d = self.design(i)
+            if d in out:
+                out[d].append(i)
+            elif times[i] <= CONTEND * best:
+                out[d] = [i]
+        return out
+
+    def model_pool(self) -> np.ndarray | None:
+        """The model picks among the one-step neighbours, of a design in contention, of each contending
+        design's ``TRUST`` fastest configs: with a few dozen readings its expected improvement over the
+        whole space chases its uncertainty, into designs the readings already rule out."""
+        rivals = self.contenders()
+        if not rivals:
+            return None
+        near = np.zeros(len(self.space.candidates), dtype=bool)
+        for members in rivals.values():
+            for i in members[:TRUST]:
+                near[[j for j in self.space.neighbours(i) if self.design(j) in rivals]] = True
+        return near
+
+    def local_moves(self, limit: int = 1) -> list[int]:
+        """The polish takes turns over the designs in contention: each one's unmeasured neighbours of its
+        fastest configs (whole neighbourhoods, ``limit`` at most per design, each in the prior's order),
+        so a runner-up design's best gets its steps (a pipeline depth no similar point measured)."""
+        queues = []
+        for members in self.contenders().values():
+            queue: dict[int, None] = {}
+            for i in members:
+                todo = self.unmeasured(self.space.neighbours(i))
+                if self.prior_mean is not None:
+                    todo.sort(key=lambda j: self.prior_mean[j])
+                queue.update(dict.fromkeys(todo))
+                if len(queue) >= limit:
+                    break
+            queues.append(list(queue))
+        turns = (q[r] for r in range(max(map(len, queues), default=0)) for q in queues if r < len(q))
+        return list(dict.fromkeys(turns))
 
     def observe(self, results: Sequence[Observation]) -> None:
         super().observe(results)
