@@ -46,6 +46,7 @@ PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm 
 PRIOR_POLISH = 0.6  # share of the budget after which the polish starts (the model's is later)
 CONTEND = 1.15  # a design contends while its fastest measured config reads within this of the best
 TRUST = 2  # the model picks among the neighbours of each contending design's fastest this many
+MIN_PRIOR = 2  # of the prior's first picks measured, however many warm starts took its share
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
 WEIGHTS = {"density": 2.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
            "active": 1.0}
@@ -348,13 +349,18 @@ class PriorGuided(ModelGuided):
         self.data.add(self.ctx.problem, [o for o in results if o.key in self.space.index])
 
     def first_picks(self, used: int, total: int) -> list[int]:
-        """After the warm starts: the prior's ranking for ``PRIOR_SHARE`` of the budget (a random
-        sample when no near site measured any candidate)."""
+        """After the warm starts: the prior's ranking for ``PRIOR_SHARE`` of the budget, and at least
+        ``MIN_PRIOR`` of its first picks (a random sample when no near site measured any candidate)."""
         if not self._prior_order:
             return super().first_picks(used, total)
-        if used >= math.ceil(PRIOR_SHARE * total):
+        share = math.ceil(PRIOR_SHARE * total)
+        top = set(self._prior_order[:share])
+        missing = MIN_PRIOR - sum(self.space.index.get(o.key) in top for o in self.history)
+        if missing > 0:  # warm starts took the share (a budget of a few): the prior still gets its picks
+            share = max(share, min(used + missing, share + MIN_PRIOR))
+        if used >= share:
             return []
-        return self.unmeasured(self._prior_order)[:math.ceil(PRIOR_SHARE * total) - used]
+        return self.unmeasured(self._prior_order)[:share - used]
 
     def first_choices(self, n: int) -> list[str] | None:
         return [self.space.keys[i] for i in self._prior_order[:n]] if self._prior_order else None
