@@ -131,3 +131,54 @@ def test_a_search_refreshes_its_prior_as_other_points_report(stores):
 def test_default_budget_is_a_twentieth():
     assert PriorGuided.planned(10_000, None) == 500 and PriorGuided.planned(100, None) == 30
     assert PriorGuided.planned(100, 7) == 7 and PriorGuided.planned(10, None) == 11
+
+
+class _ModeSpec:
+    """A spec whose designs are the values of MODE (the rest are tiles)."""
+
+    def design(self, config):
+        return config["MODE"]
+
+
+def _contending_search():
+    """Designs a (best 1.0) and b (best 1.1) contend, c (best 1.5) does not."""
+    configs = [{"MODE": m, "BLOCK_SIZE_N": n, "num_warps": w}
+               for m in "abc" for n in (32, 64, 128, 256) for w in (4, 8)]
+    problem = Problem("toy.gemm", {"E": 8, "N": 512, "K": 256, "top_k": 8}, 16, 128)
+    s = PriorGuided(PriorData())
+    s.start(SearchContext(_ModeSpec(), problem, configs, budget=40, seed=0))
+    times = {("a", 64, 4): 1.0, ("a", 128, 8): 1.3, ("b", 64, 4): 1.1, ("b", 256, 8): 1.2,
+             ("c", 64, 4): 1.5}
+    s.observe([Observation({"MODE": m, "BLOCK_SIZE_N": n, "num_warps": w}, "ok", t)
+               for (m, n, w), t in times.items()])
+    at = {k: s.space.index[canonical_json({"MODE": k[0], "BLOCK_SIZE_N": k[1], "num_warps": k[2]})]
+          for k in times}
+    return s, at
+
+
+def test_the_designs_in_contention_are_those_near_the_best():
+    s, at = _contending_search()
+    rivals = s.contenders()
+    assert list(rivals) == ["a", "b"]  # c's best reads 1.5x
+    assert rivals["a"] == [at["a", 64, 4], at["a", 128, 8]]
+    assert rivals["b"] == [at["b", 64, 4], at["b", 256, 8]]
+
+
+def test_polish_takes_turns_over_the_designs_in_contention():
+    s, at = _contending_search()
+    near = {d: set(s.unmeasured(s.space.neighbours(at[d, 64, 4]))) for d in "abc"}
+    moves = s.local_moves(2)
+    # a step from a's best, then one from b's (the fastest of the runner-up design), and so on
+    assert moves[0] in near["a"] and moves[1] in near["b"]
+    assert set(moves) == near["a"] | near["b"]
+    assert not set(moves) & (near["c"] - near["a"] - near["b"])
+
+
+def test_model_picks_among_the_contenders_neighbours():
+    s, at = _contending_search()
+    pool = s.model_pool()
+    expect = {j for k in (("a", 64, 4), ("a", 128, 8), ("b", 64, 4), ("b", 256, 8))
+              for j in s.space.neighbours(at[k]) if s.space.candidates[j]["MODE"] != "c"}
+    assert set(np.flatnonzero(pool)) == expect
+    picks = s._model_picks(4)
+    assert len(picks) == 4 and all(pool[i] and s.space.candidates[i]["MODE"] != "c" for i in picks)

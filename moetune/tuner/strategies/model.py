@@ -182,7 +182,8 @@ class ModelGuided(AdaptiveStrategy):
         if len(idx) >= REFIT * self._fitted_at:
             self._scales = fit_scales(x, ys, noise, self._scales)
             self._fitted_at = len(idx)
-        pool = np.flatnonzero(open_)
+        near = self.model_pool()
+        pool = np.flatnonzero(open_ if near is None or not (open_ & near).any() else open_ & near)
         if len(pool) > POOL:  # the acquisition on a seeded sample keeps huge spaces cheap
             pool = np.sort(self._rng.choice(pool, POOL, replace=False))
         gp = GP(self._scales, noise)
@@ -195,6 +196,10 @@ class ModelGuided(AdaptiveStrategy):
         # the runners-up of this batch: what the next batches likely hold
         self._ranked = pool[np.argsort(-ei, kind="stable")[:RANKED]].tolist()
         return [int(pool[j]) for j in picks]
+
+    def model_pool(self) -> np.ndarray | None:
+        """A mask of the candidates the model picks among while any of them is unmeasured; None: all."""
+        return None
 
     # ---- proposals -----------------------------------------------------------------------------------
     def propose(self, n: int) -> list[Config]:

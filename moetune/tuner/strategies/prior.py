@@ -43,6 +43,10 @@ SMOOTH_BELOW = 1.0  # smoothed: configs with less evidence than this many shrink
 DEFAULT_SHARE = 0.05  # of a point's candidates, when no budget is given (docs/tuner.md, "Replay")
 REFRESH = 1.5  # the prior is recomputed when the other points' readings grew by this factor
 PRIOR_SHARE = 0.35  # of the search budget: the prior's ranking, after the warm starts
+PRIOR_POLISH = 0.6  # share of the budget after which the polish starts (the model's is later)
+CONTEND = 1.15  # a design contends while its fastest measured config reads within this of the best
+TRUST = 2  # the model picks among the neighbours of each contending design's fastest this many
+MIN_PRIOR = 2  # of the prior's first picks measured, however many warm starts took its share
 # (distance per log2 step or mismatch): docs/tuner.md, "The prior"
 WEIGHTS = {"density": 2.0, "N": 0.5, "K": 0.5, "E": 0.25, "top_k": 0.5, "op": 1.5, "routing": 1.0,
            "active": 1.0}
@@ -233,6 +237,7 @@ class PriorGuided(ModelGuided):
     # DeepSeek-V3 TP4's 96-point decode grid in 252 s on an H200, within 0.8% of direct sweeps at six
     # points (docs/performance.md, "What tuning costs")
     grid_share = 0.012
+    polish = PRIOR_POLISH
 
     @classmethod
     def planned(cls, candidates: int, budget: int | None) -> int:
@@ -246,6 +251,7 @@ class PriorGuided(ModelGuided):
     def start(self, ctx: SearchContext) -> None:
         super().start(ctx)
         self.data = self._given if self._given is not None else shared()
+        self._designs: list[str] | None = None
         self._refresh()
 
     def _refresh(self) -> None:
@@ -279,19 +285,82 @@ class PriorGuided(ModelGuided):
                     mass[i] + NEIGHBOUR * sum(weight[j] for j in nb))
         return out
 
+    # ---- designs: the search goes on around the best of every design in contention -----------------
+    def design(self, i: int) -> str:
+        """Candidate ``i``'s design (``KernelSpec.design``; one design without a spec)."""
+        assert self.ctx is not None
+        if self._designs is None:
+            spec = self.ctx.spec
+            self._designs = [spec.design(c) if spec is not None else "" for c in self.space.candidates]
+        return self._designs[i]
+
+    def contenders(self) -> dict[str, list[int]]:
+        """The measured candidates of each design in contention (its fastest reads within ``CONTEND`` of
+        the best), fastest first; designs in the order of their fastest. At a design boundary the
+        runner-up design's best is as often one step from the winner as the leader's."""
+        times = self.times()
+        out: dict[str, list[int]] = {}
+        if not times:
+            return out
+        order = sorted(times, key=times.__getitem__)
+        best = times[order[0]]
+        for i in order:
+            d = self.design(i)
+            if d in out:
+                out[d].append(i)
+            elif times[i] <= CONTEND * best:
+                out[d] = [i]
+        return out
+
+    def model_pool(self) -> np.ndarray | None:
+        """The model picks among the one-step neighbours, of a design in contention, of each contending
+        design's ``TRUST`` fastest configs: with a few dozen readings its expected improvement over the
+        whole space chases its uncertainty, into designs the readings already rule out."""
+        rivals = self.contenders()
+        if not rivals:
+            return None
+        near = np.zeros(len(self.space.candidates), dtype=bool)
+        for members in rivals.values():
+            for i in members[:TRUST]:
+                near[[j for j in self.space.neighbours(i) if self.design(j) in rivals]] = True
+        return near
+
+    def local_moves(self, limit: int = 1) -> list[int]:
+        """The polish takes turns over the designs in contention: each one's unmeasured neighbours of its
+        fastest configs (whole neighbourhoods, ``limit`` at most per design, each in the prior's order),
+        so a runner-up design's best gets its steps (a pipeline depth no similar point measured)."""
+        queues = []
+        for members in self.contenders().values():
+            queue: dict[int, None] = {}
+            for i in members:
+                todo = self.unmeasured(self.space.neighbours(i))
+                if self.prior_mean is not None:
+                    todo.sort(key=lambda j: self.prior_mean[j])
+                queue.update(dict.fromkeys(todo))
+                if len(queue) >= limit:
+                    break
+            queues.append(list(queue))
+        turns = (q[r] for r in range(max(map(len, queues), default=0)) for q in queues if r < len(q))
+        return list(dict.fromkeys(turns))
+
     def observe(self, results: Sequence[Observation]) -> None:
         super().observe(results)
         assert self.ctx is not None
         self.data.add(self.ctx.problem, [o for o in results if o.key in self.space.index])
 
     def first_picks(self, used: int, total: int) -> list[int]:
-        """After the warm starts: the prior's ranking for ``PRIOR_SHARE`` of the budget (a random
-        sample when no near site measured any candidate)."""
+        """After the warm starts: the prior's ranking for ``PRIOR_SHARE`` of the budget, and at least
+        ``MIN_PRIOR`` of its first picks (a random sample when no near site measured any candidate)."""
         if not self._prior_order:
             return super().first_picks(used, total)
-        if used >= math.ceil(PRIOR_SHARE * total):
+        share = math.ceil(PRIOR_SHARE * total)
+        top = set(self._prior_order[:share])
+        missing = MIN_PRIOR - sum(self.space.index.get(o.key) in top for o in self.history)
+        if missing > 0:  # warm starts took the share (a budget of a few): the prior still gets its picks
+            share = max(share, min(used + missing, share + MIN_PRIOR))
+        if used >= share:
             return []
-        return self.unmeasured(self._prior_order)[:math.ceil(PRIOR_SHARE * total) - used]
+        return self.unmeasured(self._prior_order)[:share - used]
 
     def first_choices(self, n: int) -> list[str] | None:
         return [self.space.keys[i] for i in self._prior_order[:n]] if self._prior_order else None
