@@ -49,8 +49,8 @@ def main() -> None:
     if df.empty:
         raise SystemExit(f"no ok {args.family} rows of {args.device!r} in {len(paths)} store(s)")
     device = DeviceInfo(args.device, args.arch, 0, 0, 0, True)  # dominated() reads the arch only
-    df["reason"] = [get_spec(k).dominated(json.loads(c), device) or ""
-                    for k, c in zip(df.kernel, df.config, strict=True)]
+    df["reason"] = [get_spec(k).dominated(json.loads(c), device, json.loads(s)) or ""
+                    for k, c, s in zip(df.kernel, df.config, df["shape"], strict=True)]
     df["best"] = df.groupby(_POINT).time_ms.transform("min")
     df["near"] = df.time_ms <= (1 + args.near) * df.best
     print(f"{len(df)} ok rows, {df.groupby(_POINT).ngroups} points, {len(paths)} store(s)\n")

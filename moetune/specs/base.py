@@ -63,9 +63,11 @@ class KernelSpec(TileRules):
         for values in itertools.product(*(self.space[k] for k in keys)):
             yield dict(zip(keys, values, strict=True))
 
-    def dominated(self, config: Config, device: DeviceInfo) -> str | None:
+    def dominated(self, config: Config, device: DeviceInfo, shape: Mapping[str, Any] | None = None
+                  ) -> str | None:
         """Why a sweep need not try ``config`` on ``device`` although the kernel runs it (None when it
-        should): a design that measurements on this kind of device show never wins. Unlike
+        should): a design that measurements on this kind of device show never wins (at ``shape``, where
+        given; None: at any shape the kernel runs it at). Unlike
         :meth:`constraint` this only narrows the search (``moetune sweep --full-space`` ignores it);
         tables and explicit configs may still use such a design. Default: nothing is dominated."""
         return None

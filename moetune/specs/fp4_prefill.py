@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from moetune.device import DeviceInfo
 from moetune.kernels.fp4_prefill.config import (
     GLUON_FIXED,
+    GLUON_K,
     GLUON_ONLY,
     DownRules,
     Fp4PrefillRules,
@@ -98,13 +99,21 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         cfg = {**self.default, **config}
         return f"{cfg['IMPL']} {cfg['DECODE']}"
 
-    def dominated(self, config: Config, device: DeviceInfo) -> str | None:
+    def dominated(self, config: Config, device: DeviceInfo, shape: Mapping[str, Any] | None = None
+                  ) -> str | None:
         """On sm_90, two decodes are not searched: DECODE f16 and fp8_scaled never came within 3% of a
         point's best in the committed H200 stores (``tools/dominated_designs.py --family fp4_prefill``;
         docs/kernels/fp4_prefill.md, DECODE). The fp8 decodes run the same dots with fp8 operands, at twice
-        the f16 rate."""
-        if device.arch == "sm_90" and config.get("DECODE") in ("f16", "fp8_scaled"):
+        the f16 rate. Nor is IMPL triton at a shape the Gluon kernels run (K a multiple of 256): at every
+        such point of those stores its best was at least 1.06x the Gluon best (docs/kernels/fp4_prefill.md,
+        IMPL); it is 97% of the space there."""
+        if device.arch != "sm_90":
+            return None
+        if config.get("DECODE") in ("f16", "fp8_scaled"):
             return f"dominated on sm_90: DECODE {config['DECODE']}"
+        if shape is not None and config.get("IMPL", self.default["IMPL"]) == "triton" \
+                and shape["K"] % GLUON_K == 0:
+            return f"dominated on sm_90: IMPL triton where IMPL gluon runs (K {shape['K']})"
         return None
 
     def compile_problem(self, problem: Problem) -> Problem:

@@ -13,7 +13,7 @@ the sum of its partials, which the layer folds into the next kernel instead.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -76,7 +76,8 @@ class _Fp8DecodeGemm(Fp8DecodeRules, KernelSpec):
             cfg["num_stages"] = 1
         return cfg
 
-    def dominated(self, config: Config, device: DeviceInfo) -> str | None:
+    def dominated(self, config: Config, device: DeviceInfo, shape: Mapping[str, Any] | None = None
+                  ) -> str | None:
         """On sm_90, three designs are not searched: grouped with A_FP8 0 (bf16 tensor cores), PREFETCH 1,
         and A_FP8 1 (activations split in every program; A_FP8 2 splits them once). In the committed H200
         stores they (nearly) never came within 3% of a point's best (``tools/dominated_designs.py``;

@@ -148,7 +148,7 @@ def _constrain(spec: KernelSpec, problem: Problem, device: DeviceInfo, full_spac
                ) -> tuple[list[Config], list[str], frozenset, int]:
     space = _space(spec)
     if not full_space:
-        space = [(cfg, key) for cfg, key in space if spec.dominated(cfg, device) is None]
+        space = [(cfg, key) for cfg, key in space if spec.dominated(cfg, device, problem.shape) is None]
     kept = [(cfg, key) for cfg, key in space if spec.constraint(cfg, problem, device) is None]
     keys = [key for _, key in kept]
     return [cfg for cfg, _ in kept], keys, frozenset(keys), len(_space(spec)) - len(kept)

@@ -273,11 +273,27 @@ def test_sm90_skips_the_fp4_decodes_the_h200_stores_show_never_win():
         assert "dominated" in spec.dominated(cfg, H200) and spec.dominated(cfg, a100) is None
     for decode in ("bf16", "fp8", "fp8_row"):
         assert spec.dominated({**spec.default, "DECODE": decode}, H200) is None
-    problem = spec.problem({"E": 8, "N": 256, "K": 256, "top_k": 2}, 16)
+    problem = spec.problem({"E": 8, "N": 256, "K": 384, "top_k": 2}, 16)  # no Gluon kernel at K 384
     searched = plan_point(spec, problem, H200)
     full = plan_point(spec, problem, H200, full_space=True)
     assert {c["DECODE"] for c in searched.candidates} == {"bf16", "fp8", "fp8_row"}
     assert {c["DECODE"] for c in full.candidates} >= {"f16", "fp8_scaled"}
+
+
+def test_sm90_searches_only_the_gluon_kernels_where_they_run():
+    from moetune.tuner.sweep import plan_point
+
+    spec = get_spec("fp4_prefill.down")
+    a100 = DeviceInfo("NVIDIA A100", "sm_80", 108, 166912, 0, True)
+    triton_cfg = {**spec.default, "IMPL": "triton"}
+    assert "IMPL triton" in spec.dominated(triton_cfg, H200, {"K": 3072})
+    assert spec.dominated(triton_cfg, H200, {"K": 2880}) is None  # unpadded: Triton's alone
+    assert spec.dominated(triton_cfg, H200) is None and spec.dominated(triton_cfg, a100, {"K": 3072}) is None
+    problem = spec.problem({"E": 8, "N": 256, "K": 512, "top_k": 2}, 16)
+    searched = plan_point(spec, problem, H200)
+    full = plan_point(spec, problem, H200, full_space=True)
+    assert {c["IMPL"] for c in searched.candidates} == {"gluon"}
+    assert {c["IMPL"] for c in full.candidates} == {"gluon", "triton"}
 
 
 def test_candidates_are_the_valid_configs_of_the_full_product():

@@ -103,16 +103,20 @@ FUSED_CONFIG: dict[str, dict[str, Any]] = {
 }
 
 
-# a hint of no active route: the picked tiles loop over the active ones, so an idle GEMM costs its launch
-# (docs/kernels/fp8_decode.md, PERSISTENT)
+# a hint of no active route: one token's tiles (route kernels: no alignment, no split launch) loop over the
+# active routes, so an idle GEMM costs its launch (docs/kernels/fp8_decode.md, PERSISTENT)
 IDLE_PERSISTENT = 2
+# the idle tiles where the one-token pick is a grouped one (short K, few experts): the plain GEMV
+IDLE_ROUTE_CONFIG: dict[str, Any] = {"ALGO": "route", "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 256}
 
 
 def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict], routes: int,
                    fused: bool = False, idle: bool = False) -> dict[str, dict[str, Any]]:
-    """Per-GEMM configs: checked ``config`` entries; for missing ones the tile picker's choice (with
-    ``idle``, the deployment expecting no active route, run on ``IDLE_PERSISTENT`` programs per SM), or
-    ``FUSED_CONFIG`` with ``fused`` (which then requires FUSE 1 in every given entry)."""
+    """Per-GEMM configs: checked ``config`` entries; for missing ones the tile picker's choice for
+    ``routes``, or ``FUSED_CONFIG`` with ``fused`` (which then requires FUSE 1 in every given entry).
+    With ``idle`` (the deployment expects no active route) the picker is asked for one token's routes
+    and its route-kernel tiles run on ``IDLE_PERSISTENT`` programs per SM (``IDLE_ROUTE_CONFIG`` where
+    that pick is grouped): no alignment launch, and an inactive route costs no program."""
     if not isinstance(fused, bool):
         raise ValueError(f"fused must be True or False, got {fused!r}")
     if config is None:
@@ -134,9 +138,11 @@ def resolve_config(config: Mapping[str, Any] | None, shapes: Mapping[str, dict],
         else:
             from moetune.tables.picker import pick_config
 
-            picked = pick_config(f"fp8_decode.{gemm}", shapes[gemm], routes)
+            shape = shapes[gemm]
+            picked = pick_config(f"fp8_decode.{gemm}", shape, shape["top_k"] if idle else routes)
             if idle:
-                picked = {**picked, "PERSISTENT": IDLE_PERSISTENT}
+                route = picked if picked.get("ALGO", "route") == "route" else IDLE_ROUTE_CONFIG
+                picked = {**route, "PERSISTENT": IDLE_PERSISTENT}
             out[gemm] = check_gemm_config(picked, f"picked config for fp8_decode.{gemm}")
     return out
 
@@ -166,9 +172,9 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 
     ``active_share``: the share of top-k slots the deployment expects active (hybrid offload knows it),
     a static hint: the picker chooses tiles for that many active routes (``picked_routes``) instead of
-    all of them; with 0, every route's tiles on the persistent grid (``IDLE_PERSISTENT``), which costs
-    its launches alone when nothing is active. The result is exact whatever the routing; only speed
-    depends on the hint.
+    all of them; with 0, one token's route-kernel tiles on the persistent grid (``IDLE_PERSISTENT``),
+    which costs its launches alone when nothing is active. The result is exact whatever the routing;
+    only speed depends on the hint.
     """
     m, h, e, inter, top_k = check_inputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids,
                                          activation, swiglu_limit)
