@@ -2,11 +2,13 @@
 gated activation and its quantization, down GEMM, the sum over top_k) timed end to end with the tables'
 picks, and two steps alone against what they replaced: ``moe_sum`` (zeroing the fp32 per-route buffer the
 down GEMM writes, ``view(m, top_k, h).sum(1)``, the cast) and the input's quantizer ``act_quant`` (torch's
-``quantize_fp8_act``, both writing the Gluon K order). DeepSeek-V4-Flash at TP 2 (E 256, hidden 4096, 1024
-intermediate a rank, top_k 6, the preset's activation), uniform routing; CUDA-graph timings
-(``triton.testing.do_bench_cudagraph``). Writes e2e.json under --out, prints a table last.
+``quantize_fp8_act``, both writing the Gluon K order). A preset's rank at ``--tp`` (default DeepSeek-V4-Flash
+TP 2: E 256, hidden 4096, 1024 intermediate a rank, top_k 6), its activation, weights padded along K to a
+multiple of 256 as a loader would (``pad_mxfp4_k``; gpt-oss-120b: 2880 -> 3072), uniform routing; CUDA-graph
+timings (``triton.testing.do_bench_cudagraph``). Writes e2e.json under --out, prints a table last.
 
     PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576 [--profile]
+    PYTHONPATH=. python benchmarks/fp4_moe_e2e.py -m gpt-oss-120b --tp 1 --out OUT_DIR
 
 ``--profile`` adds each point's GPU kernels (torch.profiler: time per kernel over 5 calls) under --out.
 """
@@ -15,38 +17,61 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import triton
 
-E, H, INTER, TOP_K = 256, 4096, 1024, 6
+
+@dataclass(frozen=True)
+class Layer:
+    """One rank's MoE shape and activation."""
+
+    experts: int
+    hidden: int
+    inter: int
+    top_k: int
+    act: dict
+
+    @classmethod
+    def of(cls, model_name: str, tp: int) -> Layer:
+        from moetune.models import get_model
+
+        model = get_model(model_name)
+        experts, inter = model.per_rank(tp, 1)
+        return cls(experts, model.hidden, inter, model.top_k,
+                   {"activation": model.activation, "swiglu_limit": model.swiglu_limit})
 
 
-def _activation() -> dict:
-    """The model's activation (the preset's: silu, no clamp), as fp4_prefill_moe takes it."""
-    from moetune.models import PRESETS
+def weights(layer: Layer) -> tuple[tuple, tuple]:
+    """Random MXFP4 gate/up and down banks, padded along K as a loader would for the Gluon kernels."""
+    from moetune.kernels.fp4_prefill.config import padded_k
+    from moetune.quant.mxfp4 import pad_mxfp4_k, quantize_mxfp4
 
-    model = PRESETS["deepseek-v4-flash"]
-    return {"activation": model.activation, "swiglu_limit": model.swiglu_limit}
+    e, h, i = layer.experts, layer.hidden, layer.inter
+    w13 = quantize_mxfp4(torch.randn(e, 2 * i, h, device="cuda", dtype=torch.bfloat16) * 0.05)
+    w2 = quantize_mxfp4(torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16) * 0.05)
+    return pad_mxfp4_k(*w13, padded_k(h)), pad_mxfp4_k(*w2, padded_k(i))
 
 
-def point(routes: int, w13, w2) -> dict:
+def point(layer: Layer, routes: int, w13, w2) -> dict:
     from moetune.kernels.fp4_prefill.act_quant import act_quant
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
     from moetune.kernels.fp4_prefill.moe_sum import moe_sum
     from moetune.quant import quantize_fp8_act
     from moetune.routing import make_routes
 
-    m = routes // TOP_K
-    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
-    ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    down = torch.randn(routes, H, device="cuda")
-    act = _activation()
+    m = routes // layer.top_k
+    x = torch.randn(m, layer.hidden, device="cuda", dtype=torch.bfloat16)
+    ids, wts = make_routes(m, layer.top_k, layer.experts, device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(1))
+    down = torch.randn(routes, layer.hidden, device="cuda")
+    act = layer.act
 
     def replaced():
         torch.zeros_like(down)
-        return down.view(m, TOP_K, H).sum(dim=1).to(torch.bfloat16)
+        return down.view(m, layer.top_k, layer.hidden).sum(dim=1).to(torch.bfloat16)
 
     bench = triton.testing.do_bench_cudagraph
     try:
@@ -62,15 +87,16 @@ def point(routes: int, w13, w2) -> dict:
             "act_quant_ms": bench(lambda: act_quant(x, k_order="wgmma"))}
 
 
-def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
+def kernel_times(layer: Layer, routes: int, w13, w2, calls: int = 5) -> str:
     """torch.profiler's table of the GPU kernels of ``calls`` calls of fp4_prefill_moe (after a warm-up)."""
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
     from moetune.routing import make_routes
 
-    m = routes // TOP_K
-    x = torch.randn(m, H, device="cuda", dtype=torch.bfloat16)
-    ids, wts = make_routes(m, TOP_K, E, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    act = _activation()
+    m = routes // layer.top_k
+    x = torch.randn(m, layer.hidden, device="cuda", dtype=torch.bfloat16)
+    ids, wts = make_routes(m, layer.top_k, layer.experts, device="cuda",
+                           generator=torch.Generator("cuda").manual_seed(1))
+    act = layer.act
     fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -84,23 +110,23 @@ def kernel_times(routes: int, w13, w2, calls: int = 5) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("e2e_out"))
+    ap.add_argument("-m", "--model", default="deepseek-v4-flash")
+    ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--routes", type=int, nargs="+", default=[1536, 6144, 24576])
     ap.add_argument("--profile", action="store_true",
                     help="also the GPU time of each kernel of fp4_prefill_moe (torch.profiler), per point")
     args = ap.parse_args()
 
-    from moetune.quant.mxfp4 import quantize_mxfp4
-
     torch.manual_seed(0)
-    w13 = quantize_mxfp4(torch.randn(E, 2 * INTER, H, device="cuda", dtype=torch.bfloat16) * 0.05)
-    w2 = quantize_mxfp4(torch.randn(E, H, INTER, device="cuda", dtype=torch.bfloat16) * 0.05)
+    layer = Layer.of(args.model, args.tp)
+    w13, w2 = weights(layer)
     rows = []
     for routes in args.routes:
-        rows.append(point(routes, w13, w2))
+        rows.append(point(layer, routes, w13, w2))
         print(json.dumps(rows[-1]), flush=True)
         if args.profile:
             args.out.mkdir(parents=True, exist_ok=True)
-            table = kernel_times(routes, w13, w2)
+            table = kernel_times(layer, routes, w13, w2)
             (args.out / f"kernels_{routes}.txt").write_text(table)
             print(table, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
