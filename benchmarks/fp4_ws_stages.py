@@ -7,7 +7,10 @@ wrong numbers on purpose; their error is printed, not checked. Stages:
 
 - ``rowmax``: the per-tile pass over the N tile's scale rows (their largest code, for the fp8 re-basing);
 - ``scales``: the per-chunk load of the group scales (the chunk reuses the tile's first scales);
-- ``decode``: the LUT decode (the packed words are stored as they are; the scale loads it fed go too).
+- ``decode``: the LUT decode (the packed words are stored as they are; the scale loads it fed go too);
+- ``rescale``: the MMA warps' per-chunk promotion (each 128-K product times its activation scale, added to
+  the accumulator on the CUDA cores); ``mma chain`` also lets the wgmma accumulate in place, as a GEMM
+  whose activation scale is one per row (applied once in the epilogue) could.
 
 Times: ``triton.testing.do_bench`` (L2 cleared between runs), median ms. Writes ws_stages.json under --out.
 ``--compile-only`` builds every variant for sm_90 without a GPU (a check of the replaced lines).
@@ -37,6 +40,8 @@ from moetune.tables.picker import pick_config
 _ROWMAX = "rmax = row_max_scale(ws_rows, num_k, S2, BN)"
 _SCALES = "s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)"
 _DECODE = "decode_words(words, s, rmax, BN)"
+_RESCALE = "acc += part * xs[:, None]"
+_CHAIN = [(_RESCALE, "acc = part"), ("zero, use_acc=False, is_async=True)", "acc, is_async=True)")]
 _NO_ROWMAX = (_ROWMAX, "rmax = gl.full([BN, 1], 127, gl.int32, S2)")
 VARIANTS = {
     "shipped": [],
@@ -44,6 +49,9 @@ VARIANTS = {
     "no scales": [(_SCALES, "s_next = s")],
     "no rowmax, no scales": [_NO_ROWMAX, (_SCALES, "s_next = s")],
     "no decode": [(_DECODE, "gl.join(words, words)")],
+    "no rescale": [(_RESCALE, "acc += part")],
+    "mma chain": _CHAIN,
+    "mma chain, no rowmax, no scales": [*_CHAIN, _NO_ROWMAX, (_SCALES, "s_next = s")],
 }
 
 
