@@ -191,8 +191,8 @@ def test_dominated_designs_are_skipped_unless_full_space(cli, tmp_path, monkeypa
     count says so; --full-space searches them too."""
     from crashy_spec import STEADY_WIDE
 
-    monkeypatch.setattr(STEADY_WIDE, "dominated", lambda config, device: "odd" if config["v"] % 2 else None,
-                        raising=False)
+    monkeypatch.setattr(STEADY_WIDE, "dominated",
+                        lambda config, device, shape=None: "odd" if config["v"] % 2 else None, raising=False)
     starts = tmp_path / "starts.json"
     starts.write_text(json.dumps([{"v": 41}]))
     seen = {}
