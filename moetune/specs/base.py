@@ -95,9 +95,9 @@ class KernelSpec(TileRules):
         return problem
 
     def constraint_key(self, problem: Problem) -> Hashable:
-        """What :meth:`constraint` reads of ``problem``: a sweep plans points with equal keys (on one
-        device) once. The default, the whole problem, shares nothing; a spec whose constraint reads
-        only the shape and a capped route count says so, and its densities share a plan."""
+        """What :meth:`constraint` and :meth:`dominated` read of ``problem``: a sweep plans points with
+        equal keys (on one device) once. The default, the whole problem, shares nothing; a spec whose
+        constraint reads only the shape and a capped route count says so, and its densities share a plan."""
         return (problem.kernel, problem.shape_key, problem.tokens, problem.routes, problem.active_fraction,
                 problem.routing)
 
