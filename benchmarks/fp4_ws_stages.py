@@ -22,6 +22,7 @@ Times: ``triton.testing.do_bench`` (L2 cleared between runs), median ms. Writes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -71,6 +72,17 @@ def variant_kernel(name: str, folder: Path):
     return module.fp4_wgmma_ws_kernel
 
 
+@contextlib.contextmanager
+def launched(name: str, folder: Path):
+    """The layer's launcher runs VARIANTS[name]'s kernel inside the block, the shipped one after it."""
+    shipped = ws.fp4_wgmma_ws_kernel
+    launcher.fp4_wgmma_ws_kernel = shipped if name == "shipped" else variant_kernel(name, folder)
+    try:
+        yield
+    finally:
+        launcher.fp4_wgmma_ws_kernel = shipped
+
+
 def _point(point: str):
     model, tp, kernel, routes = point.split(":")
     spec = get_spec(kernel)
@@ -84,13 +96,11 @@ def _point(point: str):
 
 def compile_only(point: str, folder: Path) -> None:
     spec, problem, config = _point(point)
+    a_div = problem.shape["top_k"] if spec.gemm == "gate_up" else 1
     for name in VARIANTS:
-        launcher.fp4_wgmma_ws_kernel = ws.fp4_wgmma_ws_kernel if name == "shipped" \
-            else variant_kernel(name, folder)
-        k = launcher.compile_for_sm90(config, a_div=problem.shape["top_k"] if spec.gemm == "gate_up" else 1,
-                                      k=problem.shape["K"], n=problem.shape["N"])
+        with launched(name, folder):
+            k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"])
         print(f"{point} | {name} | compiled, {k.metadata.shared} B of shared memory", flush=True)
-    launcher.fp4_wgmma_ws_kernel = ws.fp4_wgmma_ws_kernel
 
 
 def measure(point: str, folder: Path) -> list[dict]:
@@ -99,17 +109,15 @@ def measure(point: str, folder: Path) -> list[dict]:
     expected = spec.reference(inputs)
     rows = []
     for name in VARIANTS:
-        launcher.fp4_wgmma_ws_kernel = ws.fp4_wgmma_ws_kernel if name == "shipped" \
-            else variant_kernel(name, folder)
-        spec.run(inputs, config)
-        spec.collect(inputs, config)
-        err = spec.error(inputs.outputs, expected)
-        ms = triton.testing.do_bench(lambda: spec.run(inputs, config), warmup=50, rep=300,
-                                     return_mode="median")
+        with launched(name, folder):
+            spec.run(inputs, config)
+            spec.collect(inputs, config)
+            err = spec.error(inputs.outputs, expected)
+            ms = triton.testing.do_bench(lambda: spec.run(inputs, config), warmup=50, rep=300,
+                                         return_mode="median")
         rows.append({"point": point, "variant": name, "ms": ms, "error": err,
                      "tflops": spec.flops(problem) / ms / 1e9})
         print(json.dumps(rows[-1]), flush=True)
-    launcher.fp4_wgmma_ws_kernel = ws.fp4_wgmma_ws_kernel
     return rows
 
 
