@@ -55,18 +55,26 @@ def weights(layer: Layer) -> tuple[tuple, tuple]:
     return pad_mxfp4_k(*w13, padded_k(h)), pad_mxfp4_k(*w2, padded_k(i))
 
 
-def point(layer: Layer, routes: int, w13, w2) -> dict:
-    from moetune.kernels.fp4_prefill.act_quant import act_quant
-    from moetune.kernels.fp4_prefill.config import padded_k
-    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
-    from moetune.kernels.fp4_prefill.moe_sum import moe_sum
-    from moetune.quant import quantize_fp8_act
+def layer_inputs(layer: Layer, routes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 tokens, their top_k expert ids and routing weights (uniform routing, a fixed seed)."""
     from moetune.routing import make_routes
 
     m = routes // layer.top_k
     x = torch.randn(m, layer.hidden, device="cuda", dtype=torch.bfloat16)
     ids, wts = make_routes(m, layer.top_k, layer.experts, device="cuda",
                            generator=torch.Generator("cuda").manual_seed(1))
+    return x, ids, wts
+
+
+def point(layer: Layer, routes: int, w13, w2) -> dict:
+    from moetune.kernels.fp4_prefill.act_quant import act_quant
+    from moetune.kernels.fp4_prefill.config import padded_k
+    from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
+    from moetune.kernels.fp4_prefill.moe_sum import moe_sum
+    from moetune.quant import quantize_fp8_act
+
+    m = routes // layer.top_k
+    x, ids, wts = layer_inputs(layer, routes)
     down = torch.randn(routes, layer.hidden, device="cuda")
     act = layer.act
     xp = torch.nn.functional.pad(x, (0, padded_k(layer.hidden) - layer.hidden))  # the quantizers' own width
@@ -92,12 +100,8 @@ def point(layer: Layer, routes: int, w13, w2) -> dict:
 def kernel_times(layer: Layer, routes: int, w13, w2, calls: int = 5) -> str:
     """torch.profiler's table of the GPU kernels of ``calls`` calls of fp4_prefill_moe (after a warm-up)."""
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
-    from moetune.routing import make_routes
 
-    m = routes // layer.top_k
-    x = torch.randn(m, layer.hidden, device="cuda", dtype=torch.bfloat16)
-    ids, wts = make_routes(m, layer.top_k, layer.experts, device="cuda",
-                           generator=torch.Generator("cuda").manual_seed(1))
+    x, ids, wts = layer_inputs(layer, routes)
     act = layer.act
     fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)
     torch.cuda.synchronize()
