@@ -56,13 +56,13 @@ VARIANTS = {
 }
 
 
-def variant_kernel(name: str, folder: Path):
-    """``fp4_wgmma_ws_kernel`` of gluon_ws.py with VARIANTS[name]'s lines replaced (a file of its own: the JIT
-    reads its functions' source)."""
+def variant_kernel(lines: list[tuple[str, str]], folder: Path):
+    """``fp4_wgmma_ws_kernel`` of gluon_ws.py with each (old, new) of ``lines`` replaced (a file of its own:
+    the JIT reads its functions' source)."""
     text = inspect.getsource(ws)
-    for old, new in VARIANTS[name]:
+    for old, new in lines:
         if text.count(old) != 1:
-            raise SystemExit(f"{name}: {old!r} is not once in gluon_ws.py")
+            raise SystemExit(f"{old!r} is not once in gluon_ws.py")
         text = text.replace(old, new)
     path = folder / f"ws_{len(list(folder.iterdir()))}.py"
     path.write_text(text)
@@ -73,10 +73,11 @@ def variant_kernel(name: str, folder: Path):
 
 
 @contextlib.contextmanager
-def launched(name: str, folder: Path):
-    """The layer's launcher runs VARIANTS[name]'s kernel inside the block, the shipped one after it."""
+def launched(lines: list[tuple[str, str]], folder: Path):
+    """The layer's launcher runs the kernel with ``lines`` replaced inside the block (the shipped one where
+    there are none), the shipped one after it."""
     shipped = ws.fp4_wgmma_ws_kernel
-    launcher.fp4_wgmma_ws_kernel = shipped if name == "shipped" else variant_kernel(name, folder)
+    launcher.fp4_wgmma_ws_kernel = variant_kernel(lines, folder) if lines else shipped
     try:
         yield
     finally:
@@ -98,7 +99,7 @@ def compile_only(point: str, folder: Path) -> None:
     spec, problem, config = _point(point)
     a_div = problem.shape["top_k"] if spec.gemm == "gate_up" else 1
     for name in VARIANTS:
-        with launched(name, folder):
+        with launched(VARIANTS[name], folder):
             k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"])
         print(f"{point} | {name} | compiled, {k.metadata.shared} B of shared memory", flush=True)
 
@@ -109,7 +110,7 @@ def measure(point: str, folder: Path) -> list[dict]:
     expected = spec.reference(inputs)
     rows = []
     for name in VARIANTS:
-        with launched(name, folder):
+        with launched(VARIANTS[name], folder):
             spec.run(inputs, config)
             spec.collect(inputs, config)
             err = spec.error(inputs.outputs, expected)
