@@ -32,14 +32,11 @@ SWITCHES: dict[str, tuple[str, ...]] = {
     "OUT_DTYPE": ("fp32", "bf16"),
     "RING_SPLIT": (0, 1),
     "MAXNREG": (0, 96),
-    "PINGPONG": (0, 1),
-    "RMAX_AHEAD": (0, 1),
 }
 # The switches only IMPL "gluon" reads, 0 with IMPL "triton" (each described in gluon_gemm.py and the kernel
 # module it picks). Of the switches both IMPLs read, SWAP_AB picks the Gluon kernel: 1 the weights as the
 # wgmma's M side in registers, 0 through shared memory.
-GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT", "MAXNREG", "PINGPONG",
-              "RMAX_AHEAD")
+GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SPLIT", "MAXNREG")
 # OUT_DTYPE, down's only, any IMPL: the per-route rows' dtype. bf16 halves the bytes the epilogue stores and
 # the sum over top_k reads. Gate/up's rows stay fp32: they feed the fp8 quantizer, where a bf16 rounding first
 # moves values across fp8 rounding boundaries (a few percent of error against the reference).
@@ -52,7 +49,7 @@ DEFAULT: dict[str, Any] = {
     "num_warps": 8, "num_stages": 1, "DECODE": "bf16", "UNPACK": "join", "SWAP_AB": 0,
     "A_LAYOUT": "indexed", "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0, "IMPL": "triton", "SCALE_RING": 0,
     "MMA_HALVES": 0, "DECODE_WARPS": 0, "A_RESIDENT": 0, "OUT_DTYPE": "fp32", "RING_SPLIT": 0,
-    "MAXNREG": 0, "PINGPONG": 0, "RMAX_AHEAD": 0,
+    "MAXNREG": 0,
 }
 SPACE: dict[str, tuple[Any, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
@@ -105,8 +102,7 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
     for key, values in SWITCHES.items():
         if key in cfg and cfg[key] not in values:
             raise ValueError(f"config {key} must be one of {values}, got {cfg[key]!r}")
-    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT", "RING_SPLIT",
-                "PINGPONG", "RMAX_AHEAD"):
+    for key in ("W_TMA", "SCALE_AHEAD", "A_QUADS", "SCALE_RING", "MMA_HALVES", "A_RESIDENT", "RING_SPLIT"):
         if cfg[key] not in (0, 1) or isinstance(cfg[key], bool):
             raise ValueError(f"config {key} must be 0 or 1, got {cfg[key]!r}")
     for key in ("DECODE_WARPS", "MAXNREG"):
@@ -135,12 +131,6 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
                                 or cfg["MMA_HALVES"]):
         raise ValueError(f"config DECODE_WARPS {cfg['DECODE_WARPS']} is a switch of IMPL 'gluon' with "
                          f"SWAP_AB 0, SCALE_RING 0 and MMA_HALVES 0")
-    for key in ("PINGPONG", "RMAX_AHEAD"):
-        if cfg[key] and not cfg["DECODE_WARPS"]:
-            raise ValueError(f"config {key} 1 is a switch of DECODE_WARPS 4 or 8, got DECODE_WARPS 0")
-    if cfg["PINGPONG"] and cfg["num_warps"] != 8:
-        raise ValueError(f"config PINGPONG 1 runs the MMA's two warpgroups as partitions of their own: "
-                         f"num_warps must be 8, got {cfg['num_warps']}")
     if gemm == "gate_up" and cfg["OUT_DTYPE"] != "fp32":
         raise ValueError(f"config OUT_DTYPE {cfg['OUT_DTYPE']!r} is down's only: gate/up's fp32 rows feed "
                          f"the fp8 quantizer, which a rounding before it would move off the reference")

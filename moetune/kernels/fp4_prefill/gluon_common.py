@@ -125,11 +125,11 @@ def weight_rows(w_ptr, w_scale_ptr, expert, pid_n, N, stride_we, stride_wn, stri
     b_w = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, P_W)))
     w_rows = (w_ptr + expert * stride_we + gl.expand_dims(gl.expand_dims(n_w.to(gl.int64) * stride_wn, 1), 2)
               + gl.expand_dims(gl.expand_dims(q_w * 4, 0), 2) + gl.expand_dims(gl.expand_dims(b_w, 0), 1))
-    return w_rows, scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2, BN, EVEN_N)
+    return w_rows, _scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2, BN, EVEN_N)
 
 
 @gluon.jit
-def scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2: gl.constexpr, BN: gl.constexpr,
+def _scale_rows(w_scale_ptr, expert, pid_n, N, stride_wse, stride_wsn, S2: gl.constexpr, BN: gl.constexpr,
                 EVEN_N: gl.constexpr):
     """The N tile's chunk-0 group scale pointers [BN, 4(q)] in S2."""
     n_g = tile_rows(pid_n, N, gl.SliceLayout(1, S2), BN, EVEN_N)

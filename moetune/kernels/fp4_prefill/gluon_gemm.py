@@ -80,13 +80,7 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
         const.update(DECODE_WARPS=dw, DECODE_REGS=regs, A_RESIDENT=resident,
                      X_SLOTS=k // 128 if resident else const["RING"])
         threads = 32 * (config["num_warps"] + dw)
-        maxnreg = min(255, 65536 // threads) // 8 * 8
-        const.update(MMA_PARTS=1, MMA_REGS=0, RMAX_AHEAD=bool(config.get("RMAX_AHEAD", 0)))
-        if config.get("PINGPONG", 0):  # a partition a warpgroup; the second one gets what the first does
-            const.update(MMA_PARTS=2, num_warps=config["num_warps"] // 2,
-                         MMA_REGS=min(248, (maxnreg * threads - regs * 32 * dw) // (32 * config["num_warps"]))
-                         // 8 * 8)
-        return fp4_wgmma_ws_kernel, const, {"maxnreg": maxnreg}
+        return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
     if not config.get("SWAP_AB", 1):
         return fp4_wgmma_smem_kernel, const, {}

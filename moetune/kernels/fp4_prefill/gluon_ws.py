@@ -25,7 +25,6 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     decode_words,
     n_tiles,
     row_max_scale,
-    scale_rows,
     store_mask,
     store_words,
     tile_of,
@@ -57,66 +56,47 @@ def _ws_range(num_tiles, A_RESIDENT: gl.constexpr):
 
 
 @gluon.jit
-def _ws_routes(pid_m, sorted_ids_ptr, ROWS: gl.constexpr, BM: gl.constexpr, OFF: gl.constexpr,
-               R: gl.constexpr):
-    """Route ids (padding: ``routes``) in ROWS of the M-block's rows OFF .. OFF + R."""
-    return gl.load(sorted_ids_ptr + pid_m * BM + OFF + gl.arange(0, R, ROWS))
+def _ws_routes(pid_m, sorted_ids_ptr, ROWS: gl.constexpr, BM: gl.constexpr):
+    """The M-block's route ids (padding: ``routes``) in ROWS."""
+    return gl.load(sorted_ids_ptr + pid_m * BM + gl.arange(0, BM, ROWS))
 
 
 @gluon.jit
 def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
-                 ROWS: gl.constexpr, BM: gl.constexpr, OFF: gl.constexpr, R: gl.constexpr):
-    """Pointers to the activation (or activation-scale) rows of ``route`` (rows OFF .. OFF + R of the
-    M-block; padding: row 0)."""
+                 ROWS: gl.constexpr, BM: gl.constexpr):
+    """Pointers to the activation (or activation-scale) rows of an M-block's routes (padding: row 0)."""
     if GATHERED:  # rows copied into slot order beforehand
-        row = pid_m * BM + OFF + gl.arange(0, R, ROWS)
+        row = pid_m * BM + gl.arange(0, BM, ROWS)
     else:
         row = gl.where(route < routes, route // A_DIV, 0)
     return base + row.to(gl.int64) * stride
 
 
 @gluon.jit
-def _rows(buf, OFF: gl.constexpr, R: gl.constexpr, BM: gl.constexpr):
-    """Rows OFF .. OFF + R of an [BM, ...] shared buffer (the buffer itself where they are all of it)."""
-    if R < BM:
-        buf = buf.slice(OFF, R)
-    return buf
-
-
-@gluon.jit
-def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, turn, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
-            blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
+def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles, blocks,
+            N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV: gl.constexpr,
             GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
-            A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, H: gl.constexpr, PARTS: gl.constexpr,
-            num_warps: gl.constexpr):
-    """An MMA partition over the program's tiles, for rows H * R .. (H + 1) * R of each (R = BM / PARTS,
-    16 a warp): each chunk's wgmma once its activations and decoded weights are in (``ready``), the slot
-    given back (``empty``, one arrive a partition) as soon as the product is waited for, then the rescale;
-    each tile's epilogue while the decode partition goes on into the next tile. Route ids are loaded two
-    tiles ahead, so no tile start waits for memory.
-
-    With PARTS 2 each warpgroup is a partition of its own, and they take turns issuing (``turn``: a
-    partition issues chunk c once the other has issued its chunk before), so the tensor cores run one
-    warpgroup's product while the other waits for its own and rescales."""
-    R: gl.constexpr = BM // PARTS
-    OFF: gl.constexpr = H * R
+            A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, num_warps: gl.constexpr):
+    """DECODE_WARPS' default partition (BM / 16 warps), over the program's tiles: each chunk's wgmma once its
+    activations and decoded weights are in (``ready``), the slot given back (``empty``) as soon as the
+    product is waited for, then the rescale; each tile's epilogue while the decode partition goes on into
+    the next tile. Route ids are loaded two tiles ahead, so no tile start waits for memory."""
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BN, 32])
     ROWS: gl.constexpr = gl.SliceLayout(1, MMA)
     VEC: gl.constexpr = 128 // c_ptr.dtype.element_ty.primitive_bitwidth  # 16 bytes a thread
     OUT_COLS: gl.constexpr = min(32, BN // VEC)  # lanes along a row
     OUT_L: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // OUT_COLS, OUT_COLS], [num_warps, 1], [1, 0])
-    out_rows = _rows(out_smem, OFF, R, BM)
     num_k = K // CHUNK
     first, stop, step = _ws_range(num_tiles, A_RESIDENT)
     pid_m, pid_n = tile_of(first, N, blocks, GROUP_SIZE_M, BN, EVEN_N)
-    route = _ws_routes(pid_m, sorted_ids_ptr, ROWS, BM, OFF, R)
-    xs_src = _ws_row_ptrs(route, pid_m, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS, BM, OFF, R)
+    route = _ws_routes(pid_m, sorted_ids_ptr, ROWS, BM)
+    xs_src = _ws_row_ptrs(route, pid_m, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS, BM)
     xs = gl.load(xs_src, mask=route < routes, other=0.0)
     pid_m_n, pid_n_n = tile_of(gl.minimum(first + step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN,
                                EVEN_N)
-    route_n = _ws_routes(pid_m_n, sorted_ids_ptr, ROWS, BM, OFF, R)
-    zero = gl.zeros([R, BN], gl.float32, MMA)
+    route_n = _ws_routes(pid_m_n, sorted_ids_ptr, ROWS, BM)
+    zero = gl.zeros([BM, BN], gl.float32, MMA)
     rmax = gl.zeros([BN], gl.int32, gl.SliceLayout(0, MMA))
     g = 0
     ti = 0
@@ -124,38 +104,34 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, turn, a_scale_ptr, c_ptr, 
         # (past the last tile: a real one, never stored)
         pid_m_nn, pid_n_nn = tile_of(gl.minimum(t + 2 * step, num_tiles - 1), N, blocks, GROUP_SIZE_M, BN,
                                      EVEN_N)
-        route_nn = _ws_routes(pid_m_nn, sorted_ids_ptr, ROWS, BM, OFF, R)  # used a tile from now
+        route_nn = _ws_routes(pid_m_nn, sorted_ids_ptr, ROWS, BM)  # used a tile from now
         xs_src_n = _ws_row_ptrs(route_n, pid_m_n, a_scale_ptr, routes, stride_asm, A_DIV, GATHERED, ROWS,
-                                BM, OFF, R)
+                                BM)
         acc = zero
         for k in range(num_k):
             c = g + k
             mbarrier.wait(ready.index(c % NBUF), (c // NBUF) & 1)
-            if PARTS > 1:  # the other partition's chunk c - 1 (H 0) or c (H 1) is issued
-                mbarrier.wait(turn.index(H), (c - 1 + H) & 1, pred=c + H > 0)
-            part = warpgroup_mma(_rows(x_slot(x_buf, c, k, NBUF, A_RESIDENT), OFF, R, BM),
-                                 dec.index(c % NBUF).permute((1, 0)), zero, use_acc=False, is_async=True)
-            if PARTS > 1:
-                mbarrier.arrive(turn.index(1 - H), count=1)
+            part = warpgroup_mma(x_slot(x_buf, c, k, NBUF, A_RESIDENT), dec.index(c % NBUF).permute((1, 0)),
+                                 zero, use_acc=False, is_async=True)
             if k == 0:  # this tile's row max scales, written by the decode partition before its first ready
                 rmax = rbuf.index(ti % 2).load(gl.SliceLayout(0, MMA))
             last = k + 1 == num_k
             xs_next = gl.load(gl.where(last, xs_src_n, xs_src + k + 1),
                               mask=gl.where(last, route_n, route) < routes, other=0.0)
             part = warpgroup_mma_wait(num_outstanding=0, deps=[part])
-            barrier()  # the partition's products (the arrive is one thread's)
+            barrier()  # the MMA warpgroups' products (the arrive is one thread's)
             mbarrier.arrive(empty.index(c % NBUF), count=1)
             acc += part * xs[:, None]
             xs = xs_next
         wf = ((rmax - 1) << 23).to(gl.float32, bitcast=True)  # 2^(rmax - 128)
         # through shared memory, so each warp stores whole rows (16 B a thread) instead of 32-byte pieces
         # of eight rows (a warp's next read of out_smem is past this tile's chunk barriers)
-        out_rows.store((acc * wf[None, :]).to(c_ptr.dtype.element_ty))
+        out_smem.store((acc * wf[None, :]).to(c_ptr.dtype.element_ty))
         barrier()
         n_c = pid_n * BN + gl.arange(0, BN, gl.SliceLayout(0, OUT_L))
         row = gl.convert_layout(route, gl.SliceLayout(1, OUT_L))
         c_ptrs = c_ptr + row.to(gl.int64)[:, None] * stride_cm + n_c[None, :]
-        gl.store(c_ptrs, out_rows.load(OUT_L), mask=store_mask(n_c, N, row < routes, EVEN_N))
+        gl.store(c_ptrs, out_smem.load(OUT_L), mask=store_mask(n_c, N, row < routes, EVEN_N))
         pid_m_n, pid_n, pid_n_n = pid_m_nn, pid_n_n, pid_n_nn
         route, route_n = route_n, route_nn
         xs_src = xs_src_n
@@ -168,16 +144,12 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
                stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
                BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
-               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, RMAX_AHEAD: gl.constexpr):
+               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
-    ``empty`` says its last product is done), the tile's row max scales into ``rbuf``, and the decode of each
-    chunk into the slot's weight buffer, then ``ready``. It runs up to NBUF chunks ahead of the MMA warps.
-    The next tile's route ids and the expert two tiles on are loaded a tile ahead.
-
-    Row maxima: the first tile's in a pass over its scale rows; each next tile's a chunk at a time inside
-    this tile's loop, one load a chunk used a chunk later, so no tile start waits for a pass (RMAX_AHEAD;
-    else a pass at every tile, while its first copies fly)."""
+    ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
+    first copies fly), and the decode of each chunk into the slot's weight buffer, then ``ready``. It runs up
+    to NBUF chunks ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead."""
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
@@ -189,23 +161,17 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
     num_k = K // CHUNK
     first, stop, step = _ws_range(num_tiles, A_RESIDENT)
     pid_m, pid_n, expert = _ws_tile(first, N, blocks, GROUP_SIZE_M, expert_ids_ptr, BN, EVEN_N)
-    route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM, 0, BM)
-    pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(first + step, num_tiles - 1), N, blocks, GROUP_SIZE_M,
-                                          expert_ids_ptr, BN, EVEN_N)
-    rmax = gl.zeros([BN, 1], gl.int32, S2)
-    if RMAX_AHEAD:
-        rmax = row_max_scale(scale_rows(w_scale_ptr, expert.to(gl.int64), pid_n, N, stride_wse, stride_wsn, S2,
-                                        BN, EVEN_N), num_k, S2, BN)
+    route = _ws_routes(pid_m, sorted_ids_ptr, X_ROWS, BM)
     g = 0
     ti = 0
     held = -1  # the M-block whose activations are resident
     for t in range(first, stop, step):
-        pid_m_nn, pid_n_nn, expert_nn = _ws_tile(gl.minimum(t + 2 * step, num_tiles - 1), N, blocks,
-                                                 GROUP_SIZE_M, expert_ids_ptr, BN, EVEN_N)
-        route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM, 0, BM)  # used a tile from now
+        pid_m_n, pid_n_n, expert_n = _ws_tile(gl.minimum(t + step, num_tiles - 1), N, blocks, GROUP_SIZE_M,
+                                              expert_ids_ptr, BN, EVEN_N)
+        route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM)  # used a tile from now
         w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, N, stride_we, stride_wn,
                                       stride_wse, stride_wsn, P_W, BN, EVEN_N)
-        x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM, 0, BM)[:, None]
+        x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM)[:, None]
         row_ok_x = route < routes
         fresh = pid_m != held
         held = pid_m
@@ -217,22 +183,14 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
             x_copy(x_buf, c, kn, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
             async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
-        if not RMAX_AHEAD:
-            rmax = row_max_scale(ws_rows, num_k, S2, BN)
+        rmax = row_max_scale(ws_rows, num_k, S2, BN)
         rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
         s = gl.load(ws_rows).to(gl.int32)
-        if RMAX_AHEAD:  # the next tile's scale rows, for its row maxima
-            ws_rows_n = scale_rows(w_scale_ptr, expert_n.to(gl.int64), pid_n_n, N, stride_wse, stride_wsn, S2,
-                                   BN, EVEN_N)
-            s_far = gl.load(ws_rows_n).to(gl.int32)
-            smax = gl.zeros([BN, 4], gl.int32, S2)
         for k in range(num_k):
             c = g + k
             cp.wait_group(LOOK - 1)  # chunk k (mine)
             words = w_ring.index(c % LOOK).load(P_W)
             s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
-            if RMAX_AHEAD:
-                s_far_next = gl.load(ws_rows_n + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
             store_words(dec.index(c % NBUF), decode_words(words, s, rmax, BN), W_WORDS, BN)
             fence_async_shared()
             barrier()  # the partition's copies landed and decodes stored (the arrive is one thread's)
@@ -244,13 +202,7 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
                 async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
             cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
             s = s_next
-            if RMAX_AHEAD:
-                smax = gl.maximum(smax, s_far)
-                s_far = s_far_next
-        if RMAX_AHEAD:
-            rmax = gl.expand_dims(gl.max(smax, axis=1), 1)
         pid_m, pid_n, expert, route = pid_m_n, pid_n_n, expert_n, route_n
-        pid_m_n, pid_n_n, expert_n = pid_m_nn, pid_n_nn, expert_nn
         g += num_k
         ti += 1
     cp.wait_group(0)
@@ -263,16 +215,13 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
                         A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr,
-                        EVEN_N: gl.constexpr = True, MMA_PARTS: gl.constexpr = 1, MMA_REGS: gl.constexpr = 0,
-                        RMAX_AHEAD: gl.constexpr = False):
+                        EVEN_N: gl.constexpr = True):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
-    (DECODE_REGS registers a thread), MMA_PARTS partitions of num_warps warps each (BM / 16 in all) multiply,
-    rescale and store; they meet on mbarriers a slot (``ready``: activations and decoded weights in;
-    ``empty``: the products done) instead of CTA barriers, and each program (one an SM) takes every grid-th
-    tile, the decode running ahead into the next tile while the MMA warps finish this one. RING slots
-    (num_stages + 1) of activations and decoded weights; packed weights copied num_stages chunks ahead
-    within a tile. MMA_PARTS 2: a warpgroup a partition, taking turns at the tensor cores (``_ws_mma``);
-    the second one's MMA_REGS registers a thread.
+    (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
+    on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
+    of CTA barriers, and each program (one an SM) takes every grid-th tile, the decode running ahead into the
+    next tile while the MMA warps finish this one. RING slots (num_stages + 1) of activations and decoded
+    weights; packed weights copied num_stages chunks ahead within a tile.
 
     ``A_RESIDENT``: X_SLOTS = K / 128 activation chunks, the whole M-block, stay in shared memory while the
     program runs through consecutive tiles; they are copied again only when the M-block changes (each chunk
@@ -298,33 +247,16 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
                                          gl.SwizzledSharedLayout(VEC, 1, 8, [1, 0]))
     ready = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [RING, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(RING):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=MMA_PARTS)
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
     barrier()
-    if MMA_PARTS == 1:
-        gl.warp_specialize([
-            (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, turn, a_scale_ptr, c_ptr, sorted_ids_ptr,
-                       num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
-                       BN, RING, A_RESIDENT, EVEN_N, 0, 1, num_warps)),
-            (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
-                          stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                          DECODE_WARPS, A_RESIDENT, EVEN_N, RMAX_AHEAD)),
-        ], [DECODE_WARPS], [DECODE_REGS])
-    else:
-        gl.warp_specialize([
-            (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, turn, a_scale_ptr, c_ptr, sorted_ids_ptr,
-                       num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
-                       BN, RING, A_RESIDENT, EVEN_N, 0, 2, num_warps)),
-            (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, turn, a_scale_ptr, c_ptr, sorted_ids_ptr,
-                       num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
-                       BN, RING, A_RESIDENT, EVEN_N, 1, 2, num_warps)),
-            (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
-                          stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                          DECODE_WARPS, A_RESIDENT, EVEN_N, RMAX_AHEAD)),
-        ], [num_warps, DECODE_WARPS], [MMA_REGS, DECODE_REGS])
+    gl.warp_specialize([
+        (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
+                   blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
+                   BN, RING, A_RESIDENT, EVEN_N, num_warps)),
+        (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+                      expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
+                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
+                      DECODE_WARPS, A_RESIDENT, EVEN_N)),
+    ], [DECODE_WARPS], [DECODE_REGS])
