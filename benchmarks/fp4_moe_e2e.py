@@ -5,7 +5,8 @@ down GEMM writes, ``view(m, top_k, h).sum(1)``, the cast) and the input's quanti
 ``quantize_fp8_act``, both writing the Gluon K order). A preset's rank at ``--tp`` (default DeepSeek-V4-Flash
 TP 2: E 256, hidden 4096, 1024 intermediate a rank, top_k 6), its activation, weights padded along K to a
 multiple of 256 as a loader would (``pad_mxfp4_k``; gpt-oss-120b: 2880 -> 3072), uniform routing; CUDA-graph
-timings (``triton.testing.do_bench_cudagraph``). Writes e2e.json under --out, prints a table last.
+timings (``triton.testing.do_bench_cudagraph``), the layer with the weights' stored row maxima
+(``scale_row_max``, as a loader gives them) and without. Writes e2e.json under --out, prints a table last.
 
     PYTHONPATH=. python benchmarks/fp4_moe_e2e.py --out OUT_DIR --routes 1536 6144 24576 [--profile]
     PYTHONPATH=. python benchmarks/fp4_moe_e2e.py -m gpt-oss-120b --tp 1 --out OUT_DIR
@@ -55,6 +56,13 @@ def weights(layer: Layer) -> tuple[tuple, tuple]:
     return pad_mxfp4_k(*w13, padded_k(h)), pad_mxfp4_k(*w2, padded_k(i))
 
 
+def row_max(w13, w2) -> dict:
+    """fp4_prefill_moe's stored row maxima, as a loader makes them once (``scale_row_max``)."""
+    from moetune.quant import scale_row_max
+
+    return {"w13_scale_max": scale_row_max(w13[1]), "w2_scale_max": scale_row_max(w2[1])}
+
+
 def layer_inputs(layer: Layer, routes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """bf16 tokens, their top_k expert ids and routing weights (uniform routing, a fixed seed)."""
     from moetune.routing import make_routes
@@ -84,13 +92,16 @@ def point(layer: Layer, routes: int, w13, w2) -> dict:
         return down.view(m, layer.top_k, layer.hidden).sum(dim=1).to(torch.bfloat16)
 
     bench = triton.testing.do_bench_cudagraph
-    try:
-        moe_ms, mode = bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)), "cuda graph"
-    except RuntimeError as e:  # not capturable: timed with its launch overhead, and said so
-        print(f"capture failed ({str(e)[:200]}): do_bench", flush=True)
-        moe_ms = triton.testing.do_bench(lambda: fp4_prefill_moe(x, *w13, *w2, wts, ids, **act))
-        mode = "do_bench"
-    return {"routes": routes, "moe_ms": moe_ms, "moe_timing": mode,
+    moe_ms, mode = {}, "cuda graph"
+    for name, kwargs in (("moe_ms", {**act, **row_max(w13, w2)}), ("moe_pass_ms", act)):
+        try:
+            moe_ms[name] = bench(lambda kwargs=kwargs: fp4_prefill_moe(x, *w13, *w2, wts, ids, **kwargs))
+        except RuntimeError as e:  # not capturable: timed with its launch overhead, and said so
+            print(f"capture failed ({str(e)[:200]}): do_bench", flush=True)
+            moe_ms[name] = triton.testing.do_bench(
+                lambda kwargs=kwargs: fp4_prefill_moe(x, *w13, *w2, wts, ids, **kwargs))
+            mode = "do_bench"
+    return {"routes": routes, **moe_ms, "moe_timing": mode,
             "sum_replaced_ms": bench(replaced),
             "moe_sum_ms": bench(lambda: moe_sum(down, ids, torch.bfloat16)),
             "quant_torch_ms": bench(lambda: quantize_fp8_act(xp, k_order="wgmma")),
@@ -102,7 +113,7 @@ def kernel_times(layer: Layer, routes: int, w13, w2, calls: int = 5) -> str:
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe
 
     x, ids, wts = layer_inputs(layer, routes)
-    act = layer.act
+    act = {**layer.act, **row_max(w13, w2)}
     fp4_prefill_moe(x, *w13, *w2, wts, ids, **act)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -137,11 +148,11 @@ def main() -> None:
             print(table, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "e2e.json").write_text(json.dumps(rows, indent=1))
-    print("| routes | fp4_prefill_moe ms | zeros + sum + cast ms | moe_sum ms | quantize_fp8_act ms "
-          "| act_quant ms |\n|---:|---:|---:|---:|---:|---:|")
+    print("| routes | fp4_prefill_moe ms | without row maxima ms | zeros + sum + cast ms | moe_sum ms "
+          "| quantize_fp8_act ms | act_quant ms |\n|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['routes']} | {r['moe_ms']:.4f} | {r['sum_replaced_ms']:.4f} | {r['moe_sum_ms']:.4f} "
-              f"| {r['quant_torch_ms']:.4f} | {r['act_quant_ms']:.4f} |")
+        print(f"| {r['routes']} | {r['moe_ms']:.4f} | {r['moe_pass_ms']:.4f} | {r['sum_replaced_ms']:.4f} "
+              f"| {r['moe_sum_ms']:.4f} | {r['quant_torch_ms']:.4f} | {r['act_quant_ms']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -6,9 +6,8 @@ Each variant is the kernel's module with one line replaced, built as a module of
 through the layer's own launcher (``gluon_gemm``), so everything else is the shipped code. The left-out
 variants compute wrong numbers on purpose; their error is printed, not checked. Stages:
 
-- ``rowmax``: the per-tile pass over the N tile's scale rows (their largest code, for the fp8 re-basing);
-  ``one-load rowmax`` keeps one load of a scale row instead, what a row maximum stored with the weights
-  would cost;
+- ``rowmax pass``: the row maxima (for the fp8 re-basing) made by a pass over each tile's scale rows, as
+  when ``fp4_prefill_moe`` is not given them, instead of one load of those stored with the weights;
 - ``scales``: the per-chunk load of the group scales (the chunk reuses the tile's first scales);
 - ``decode``: the LUT decode (the packed words are stored as they are; the scale loads it fed go too);
 - ``rescale``: the MMA warps' per-chunk promotion (each 128-K product times its activation scale, added to
@@ -44,9 +43,8 @@ from moetune.models import get_model
 from moetune.specs.registry import get_spec
 from moetune.tables.picker import pick_config
 
-_ROWMAX = "rmax = row_max_scale(ws_rows, num_k, S2, BN)"
-_NO_ROWMAX = (_ROWMAX, "rmax = gl.full([BN, 1], 127, gl.int32, S2)")
-_ONE_LOAD = (_ROWMAX, "rmax = gl.expand_dims(gl.max(gl.load(ws_rows).to(gl.int32), axis=1), 1)")
+# the kernels' row maxima from the stored ones (the spec gives them) or by a pass over the scales
+_PASS = [("EVEN_N,\n" + " " * 28 + "HAS_SMAX)", "EVEN_N,\n" + " " * 28 + "False)")]
 _SCALES = "s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)"
 _DECODE = "decode_words(words, s, rmax, BN)"
 _RESCALE = "acc += part * xs[:, None]"
@@ -57,22 +55,19 @@ _X_COPY = "x_copy(x_buf, cn, k + LOOK, x_rows, cols_x, row_ok_x, fresh, NBUF, A_
 KERNELS = {
     "ws": (ws, "fp4_wgmma_ws_kernel", {
         "shipped": [],
-        "no rowmax": [_NO_ROWMAX],
-        "one-load rowmax": [_ONE_LOAD],
+        "rowmax pass": _PASS,
         "no scales": [(_SCALES, "s_next = s")],
-        "no rowmax, no scales": [_NO_ROWMAX, (_SCALES, "s_next = s")],
         "no decode": [(_DECODE, "gl.join(words, words)")],
         "no rescale": [(_RESCALE, "acc += part")],
         "mma chain": _CHAIN,
-        "mma chain, no rowmax, no scales": [*_CHAIN, _NO_ROWMAX, (_SCALES, "s_next = s")],
+        "mma chain, no scales": [*_CHAIN, (_SCALES, "s_next = s")],
         "no w copies": [(_W_COPY, "pass")],
         "no x copies": [(_X_COPY, "pass")],
         "no copies": [(_W_COPY, "pass"), (_X_COPY, "pass")],
     }),
     "ring": (ring, "fp4_wgmma_kernel", {
         "shipped": [],
-        "no rowmax": [_NO_ROWMAX],
-        "one-load rowmax": [_ONE_LOAD],
+        "rowmax pass": _PASS,
     }),
 }
 
@@ -124,7 +119,8 @@ def compile_only(point: str, folder: Path) -> None:
     a_div = problem.shape["top_k"] if spec.gemm == "gate_up" else 1
     for name, lines in KERNELS[kernel][2].items():
         with launched(kernel, lines, folder):
-            k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"])
+            k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"],
+                                          row_max=True)
         print(f"{point} | {name} | compiled, {k.metadata.shared} B of shared memory", flush=True)
 
 

@@ -102,21 +102,24 @@ def fp8_decode_moe(x: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor, 
 def _fp4_prefill_moe_op(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.Tensor,
                         w2_packed: torch.Tensor, w2_scale: torch.Tensor, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor, w13_bias: torch.Tensor | None = None,
-                        w2_bias: torch.Tensor | None = None, activation: str = "silu",
+                        w2_bias: torch.Tensor | None = None, w13_scale_max: torch.Tensor | None = None,
+                        w2_scale_max: torch.Tensor | None = None, activation: str = "silu",
                         swiglu_limit: float | None = None, config: str = "",
                         validate: bool = False, active_share: float | None = None) -> torch.Tensor:
     from moetune.kernels.fp4_prefill.layer import fp4_prefill_moe as layer
 
     return layer(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, activation=activation,
                  swiglu_limit=swiglu_limit, config=_parse(config), validate=validate, w13_bias=w13_bias,
-                 w2_bias=w2_bias, active_share=active_share)
+                 w2_bias=w2_bias, active_share=active_share, w13_scale_max=w13_scale_max,
+                 w2_scale_max=w2_scale_max)
 
 
 @_fp4_prefill_moe_op.register_fake
 def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, w13_bias=None, w2_bias=None,
-      activation="silu", swiglu_limit=None, config="", validate=False, active_share=None):
+      w13_scale_max=None, w2_scale_max=None, activation="silu", swiglu_limit=None, config="", validate=False,
+      active_share=None):
     from moetune.kernels.activations import check_activation
-    from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
+    from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs, check_scale_max
     from moetune.kernels.rules import picked_routes
 
     picked_routes(1, 1, active_share)
@@ -124,6 +127,7 @@ def _(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids, w13
     experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights, topk_ids)
     check_activation(activation, swiglu_limit)
     check_biases(w13_bias, w2_bias, experts, inter, x.shape[1], x.device)
+    check_scale_max(w13_scale_max, w2_scale_max, w13_scale, w2_scale)
     return x.new_empty(x.shape)
 
 
@@ -132,13 +136,15 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | str | None = None, validate: bool = False,
                     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
-                    active_share: float | None = None) -> torch.Tensor:
+                    active_share: float | None = None, w13_scale_max: torch.Tensor | None = None,
+                    w2_scale_max: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`moetune.kernels.fp4_prefill.layer.fp4_prefill_moe` through
     ``torch.ops.moetune.fp4_prefill_moe`` (same arguments; ``config`` also as its JSON text; the optional
-    biases are the op's ``Tensor?`` arguments after ``topk_ids``)."""
+    biases and row maxima are the op's ``Tensor?`` arguments after ``topk_ids``)."""
     return torch.ops.moetune.fp4_prefill_moe(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
-                                             topk_ids, w13_bias, w2_bias, activation=activation,
-                                             swiglu_limit=swiglu_limit, config=config_json(config),
+                                             topk_ids, w13_bias, w2_bias, w13_scale_max, w2_scale_max,
+                                             activation=activation, swiglu_limit=swiglu_limit,
+                                             config=config_json(config),
                                              validate=validate, active_share=active_share)
 
 

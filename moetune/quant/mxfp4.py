@@ -76,13 +76,29 @@ def dequantize_mxfp4(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def pad_mxfp4_k(packed: torch.Tensor, scale: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``packed [..., N, K/2]``, ``scale [..., N, K/32]`` zero-padded along K to ``k``: zero codes, scale code
-    127 (2^0, which every decode represents). Done once when the weights load, it lets shapes whose K is not a
-    multiple of 256 run the Gluon kernels (gpt-oss-120b's 2880 -> 3072); ``fp4_prefill_moe`` pads the
-    activations to match, so the padding adds zeros to every dot product."""
+    """``packed [..., N, K/2]``, ``scale [..., N, K/32]`` zero-padded along K to ``k``: zero codes, under the
+    row's own largest scale code, so the padding moves no row's maximum (the fp8 re-basing's reference,
+    :func:`scale_row_max`). Done once when the weights load, it lets shapes whose K is not a multiple of 256
+    run the Gluon kernels (gpt-oss-120b's 2880 -> 3072); ``fp4_prefill_moe`` pads the activations to match,
+    so the padding adds zeros to every dot product."""
     old = _packed_k(packed, scale)
     if not isinstance(k, int) or k < old or k % BLOCK:
         raise ValueError(f"k must be a multiple of {BLOCK} and >= K ({old}), got {k!r}")
     packed = torch.nn.functional.pad(packed, (0, (k - old) // 2))
-    scale = torch.nn.functional.pad(scale, (0, (k - old) // BLOCK), value=127)
+    row_max = scale.amax(dim=-1, keepdim=True) if old else torch.full_like(scale[..., :1], 127)
+    scale = torch.cat([scale, row_max.expand(*scale.shape[:-1], (k - old) // BLOCK)], dim=-1)
     return packed.contiguous(), scale.contiguous()
+
+
+def scale_row_max(scale: torch.Tensor) -> torch.Tensor:
+    """Each weight row's largest UE8M0 scale code: ``[..., N]`` uint8 from ``scale [..., N, K/32]``. Made once
+    when the weights load (after any :func:`pad_mxfp4_k`) and given to ``fp4_prefill_moe``
+    (``w13_scale_max``, ``w2_scale_max``), it saves the Gluon kernels a pass over each tile's scales for the
+    fp8 re-basing: 2-8% of a GEMM on the H200 (docs/kernels/fp4_prefill.md, row maxima)."""
+    if not isinstance(scale, torch.Tensor) or scale.dtype != torch.uint8 or scale.dim() < 2:
+        what = (f"{scale.dtype} {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
+                else type(scale).__name__)
+        raise ValueError(f"scale must be a uint8 tensor [..., N, K/32], got {what}")
+    if scale.shape[-1] == 0:
+        raise ValueError("scale has no scale groups (K = 0): a row has no largest code")
+    return scale.amax(dim=-1).contiguous()

@@ -33,6 +33,7 @@ from moetune.kernels.fp4_prefill.config import (
 )
 from moetune.models import ModelPreset
 from moetune.problem import Config, Problem, canonical_json
+from moetune.quant.mxfp4 import scale_row_max
 from moetune.specs._routed_reference import routed_matmul
 from moetune.specs.base import Inputs, KernelSpec, fewer_experts
 
@@ -129,14 +130,16 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
 
     # ---- inputs -------------------------------------------------------------------------
     def make_weights(self, problem: Problem, device: str, seed: int) -> dict[str, torch.Tensor]:
-        """Packed MXFP4 expert weights and their scales (the large part, reused by the tuner)."""
+        """Packed MXFP4 expert weights, their scales and the scales' row maxima (the large part, reused by
+        the tuner). The maxima are what a loader stores with the weights (``moetune.quant.scale_row_max``),
+        so a candidate is timed as ``fp4_prefill_moe`` runs when given them."""
         shape = problem.shape
         e, n, k = shape["E"], shape["N"], shape["K"]
         dg = torch.Generator(device=device).manual_seed(seed)
         # Random codes and realistic scales (block maxima around 2^-7..2^-3) straight on the device.
         packed = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device=device, generator=dg)
         scale = torch.randint(118, 124, (e, n, k // 32), dtype=torch.uint8, device=device, generator=dg)
-        return {"w": packed, "w_scale": scale}
+        return {"w": packed, "w_scale": scale, "w_smax": scale_row_max(scale)}
 
     def make_inputs(self, problem: Problem, device: str, seed: int, *, weights: Any = None) -> Inputs:
         from moetune.quant.fp8_act import quantize_fp8_act, to_wgmma_k_order
@@ -157,7 +160,8 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
                    "topk_ids": ids, "topk_weights": topk_weights}
         # OUT_DTYPE bf16 writes here; ``collect`` widens it into the checked fp32 output
-        extra = {"align": {}, "top_k": top_k, "weights": weights,
+        smax = weights["w_smax"] if "w_smax" in weights else scale_row_max(weights["w_scale"])
+        extra = {"align": {}, "top_k": top_k, "weights": weights, "w_smax": smax,
                  "out_bf16": torch.empty_like(out, dtype=torch.bfloat16)}
         if k % 128 == 0:  # for IMPL gluon
             extra["a_wgmma"] = to_wgmma_k_order(aq)
@@ -186,7 +190,7 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
             a, order = inputs.extra["a_wgmma"], "wgmma"
         out = inputs.extra["out_bf16"] if cfg["OUT_DTYPE"] == "bf16" else inputs.outputs[0]
         grouped_gemm(a, t["a_scale"], t["w"], t["w_scale"], out, self._align(inputs, cfg["BLOCK_SIZE_M"]),
-                     a_div=a_div, config=cfg, a_k_order=order)
+                     a_div=a_div, config=cfg, a_k_order=order, w_scale_max=inputs.extra["w_smax"])
 
     def collect(self, inputs: Inputs, config: Config) -> None:
         if normalize_config(config, self.gemm)["OUT_DTYPE"] == "bf16":

@@ -149,6 +149,20 @@ def row_max_scale(ws_rows, num_k, S2: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
+def tile_row_max(ws_rows, smax_rows, pid_n, N, num_k, S2: gl.constexpr, BN: gl.constexpr,
+                 EVEN_N: gl.constexpr, HAS_SMAX: gl.constexpr):
+    """The N tile's largest scale code a row [BN, 1] in S2: one load of the maxima stored with the weights
+    (HAS_SMAX: ``smax_rows`` points at the expert's row of ``w_smax [E, N]``,
+    ``moetune.quant.scale_row_max``), else a pass over the tile's scale rows (``row_max_scale``)."""
+    if HAS_SMAX:
+        n = tile_rows(pid_n, N, gl.SliceLayout(1, S2), BN, EVEN_N)
+        rmax = gl.expand_dims(gl.load(smax_rows + n).to(gl.int32), 1)
+    else:
+        rmax = row_max_scale(ws_rows, num_k, S2, BN)
+    return rmax
+
+
+@gluon.jit
 def x_slot(x_buf, c, k, NBUF: gl.constexpr, A_RESIDENT: gl.constexpr):
     """The activation buffer of chunk c (k within its tile): the ring's slot, or the resident chunk k."""
     slot = c % NBUF

@@ -109,12 +109,12 @@ def resident_n_tiles(n: int, bn: int) -> int:
 
 
 def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int = 1024, n: int = 4096,
-                     out_dtype: str = "fp32", maxnreg: int | None = None):
+                     out_dtype: str = "fp32", maxnreg: int | None = None, row_max: bool = False):
     """The kernel for ``config`` compiled for sm_90 without a GPU (the launcher's specializations; K, which
-    only A_RESIDENT specializes on, N, whose tail tile EVEN_N says, and the per-route output's dtype, "fp32"
-    or "bf16"), for resource
-    reports and the CPU suite's check of the installed Triton; ``maxnreg`` instead of the launcher's register
-    cap. Not under TRITON_INTERPRET."""
+    only A_RESIDENT specializes on, N, whose tail tile EVEN_N says, the per-route output's dtype, "fp32" or
+    "bf16", and ``row_max``: the weights' row maxima given), for resource reports and the CPU suite's check
+    of the installed Triton; ``maxnreg`` instead of the launcher's register cap. Not under
+    TRITON_INTERPRET."""
     import inspect
 
     import triton
@@ -122,12 +122,13 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int =
     from triton.experimental.gluon._runtime import GluonASTSource
 
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
+    const["HAS_SMAX"] = row_max
     if maxnreg:
         options = {**options, "maxnreg": maxnreg}
     params = list(inspect.signature(kernel.fn).parameters)
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
-             "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32", "expert_ids_ptr": "*i32",
-             "num_padded_ptr": "*i32"}
+             "w_smax_ptr": "*u8", "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32",
+             "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
                and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
@@ -178,9 +179,11 @@ def check_problem(k: int, w: torch.Tensor, config) -> None:
 
 
 def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, config,
-           a_k_order: str = "real") -> None:
+           a_k_order: str = "real", w_smax: torch.Tensor | None = None) -> None:
     """As ``triton_gemm.launch``, for a config with IMPL "gluon"; ``a`` in real K order is permuted here (a
-    copy of ``a``), in the wgmma order it is read as it is."""
+    copy of ``a``), in the wgmma order it is read as it is. ``w_smax [E, N]``: each weight row's largest
+    scale code (``moetune.quant.scale_row_max``, checked by the layer), read instead of a pass over each
+    tile's scales; None: the kernels make that pass."""
     check_problem(a.shape[1], w, config)
     bm, bn = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"]
     if align.block_m != bm:
@@ -196,7 +199,9 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     grid = align.max_blocks * n_tiles(n, bn * const.get("N_TILES", 1))
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
+    smax, smax_stride = (w_scale, 0) if w_smax is None else (w_smax, w_smax.stride(0))
     kernel[(grid,)](
-        a, a_scale, words, w_scale, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
+        a, a_scale, words, w_scale, smax, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),
-        w_scale.stride(0), w_scale.stride(1), out.stride(0), config["GROUP_SIZE_M"], **const, **options)
+        w_scale.stride(0), w_scale.stride(1), smax_stride, out.stride(0), config["GROUP_SIZE_M"],
+        HAS_SMAX=w_smax is not None, **const, **options)

@@ -38,9 +38,9 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     async_load,
     decode_words,
     fill_ring,
-    row_max_scale,
     store_mask,
     tile_ids,
+    tile_row_max,
     weight_rows,
     x_copy,
     x_slot,
@@ -205,13 +205,15 @@ def _split_chunk(k, num_k, x_ev, x_od, x_rows, cols_x, row_ok_x, w_ev, w_od, w_r
 
 # num_blocks moves with E and the routes, GROUP_SIZE_M only orders the programs: run-time values.
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
-def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                     num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
-                     stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_ptr, sorted_ids_ptr,
+                     expert_ids_ptr, num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
+                     stride_we, stride_wn, stride_wse, stride_wsn, stride_wsme, stride_cm, GROUP_SIZE_M,
+                     A_DIV: gl.constexpr,
                      GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                      RING: gl.constexpr, SCALE_RING: gl.constexpr, A_RESIDENT: gl.constexpr,
                      X_SLOTS: gl.constexpr, N_TILES: gl.constexpr, num_warps: gl.constexpr,
-                     RING_SPLIT: gl.constexpr = False, EVEN_N: gl.constexpr = True):
+                     RING_SPLIT: gl.constexpr = False, EVEN_N: gl.constexpr = True,
+                     HAS_SMAX: gl.constexpr = False):
     """``w_ptr``: the packed weights as int32 words [E, N, K / 8]. K % 256 == 0; N any, its last N tile a
     tail (``gluon_common.tile_rows``, ``store_mask``) unless EVEN_N (N % BLOCK_SIZE_N == 0). A program takes
     N_TILES consecutive N tiles of its M-block (N_TILES divides the N tiles); with ``A_RESIDENT`` their
@@ -289,7 +291,8 @@ def fp4_wgmma_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_p
         else:
             fill_ring(x_ring, w_ring, xs_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s,
                       fresh, RING, SCALE_RING, A_RESIDENT)
-        rmax = row_max_scale(ws_rows, num_k, S2, BN)
+        rmax = tile_row_max(ws_rows, w_smax_ptr + expert * stride_wsme, pid_n, N, num_k, S2, BN, EVEN_N,
+                            HAS_SMAX)
 
         cp.wait_group(RING - 2)
         a_cur = _decode(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, L5, BN)

@@ -25,10 +25,10 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     barrier,
     decode_words,
     fill_ring,
-    row_max_scale,
     store_mask,
     store_words,
     tile_ids,
+    tile_row_max,
     weight_rows,
     words_layout,
 )
@@ -83,12 +83,13 @@ def _smem_chunk(k, num_k, x_ring, x_rows, cols_x, row_ok_x, w_ring, w_rows, ws_r
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
-def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                          num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
-                          stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_ptr, sorted_ids_ptr,
+                          expert_ids_ptr, num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
+                          stride_we, stride_wn, stride_wse, stride_wsn, stride_wsme, stride_cm, GROUP_SIZE_M,
+                          A_DIV: gl.constexpr,
                           GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                           RING: gl.constexpr, SCALE_RING: gl.constexpr, num_warps: gl.constexpr,
-                          EVEN_N: gl.constexpr = True):
+                          EVEN_N: gl.constexpr = True, HAS_SMAX: gl.constexpr = False):
     """SWAP_AB 0: the activations are the wgmma's M side (BLOCK_SIZE_M / 64 warpgroups, both operands from
     shared memory) and every thread decodes a share of each weight chunk into a shared buffer that all of
     the CTA's warpgroups read: at high density one decode serves BLOCK_SIZE_M rows without the accumulator
@@ -139,7 +140,8 @@ def fp4_wgmma_smem_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_
     num_k = K // CHUNK
     fill_ring(x_ring, w_ring, xs_ring if SCALE_RING else x_ring, num_k, x_rows, cols_x, row_ok_x, w_rows,
               xs_src, row_ok_s, True, RING, SCALE_RING, False)
-    rmax = row_max_scale(ws_rows, num_k, S2, BN)
+    rmax = tile_row_max(ws_rows, w_smax_ptr + expert * stride_wsme, pid_n, N, num_k, S2, BN, EVEN_N,
+                        HAS_SMAX)
 
     cp.wait_group(RING - 2)
     w0 = decode_words(w_ring.index(0).load(P_W), gl.load(ws_rows).to(gl.int32), rmax, BN)
@@ -204,11 +206,13 @@ def _decode_into(dec, c, w_ring, s, rmax, P_W: gl.constexpr, W_WORDS: gl.constex
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
-def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                            num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we,
-                            stride_wn, stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_ptr, sorted_ids_ptr,
+                            expert_ids_ptr, num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
+                            stride_we, stride_wn, stride_wse, stride_wsn, stride_wsme, stride_cm,
+                            GROUP_SIZE_M, A_DIV: gl.constexpr,
                             GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
-                            RING: gl.constexpr, num_warps: gl.constexpr, EVEN_N: gl.constexpr = True):
+                            RING: gl.constexpr, num_warps: gl.constexpr, EVEN_N: gl.constexpr = True,
+                            HAS_SMAX: gl.constexpr = False):
     """SWAP_AB 0, SCALE_RING 0, ``MMA_HALVES``: each chunk's wgmma in two N halves, and the next chunk's first
     half issued before this one's second half is rescaled, so the tensor cores have the next product queued
     while the accumulator takes the last one (``fp4_wgmma_smem_kernel`` waits for the whole product, then
@@ -244,7 +248,8 @@ def fp4_wgmma_halves_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorte
     num_k = K // CHUNK
     fill_ring(x_ring, w_ring, x_ring, num_k, x_rows, cols_x, row_ok_x, w_rows, xs_src, row_ok_s, True, RING,
               False, False)
-    rmax = row_max_scale(ws_rows, num_k, S2, BN)
+    rmax = tile_row_max(ws_rows, w_smax_ptr + expert * stride_wsme, pid_n, N, num_k, S2, BN, EVEN_N,
+                        HAS_SMAX)
     cp.wait_group(RING - 3)  # chunks 0 and 1 (mine)
     _decode_into(dec, 0, w_ring, gl.load(ws_rows).to(gl.int32), rmax, P_W, W_WORDS, BN, RING)
     s_next = gl.load(ws_rows + CHUNK // 32).to(gl.int32)

@@ -24,10 +24,10 @@ from moetune.kernels.fp4_prefill.gluon_common import (
     barrier,
     decode_words,
     n_tiles,
-    row_max_scale,
     store_mask,
     store_words,
     tile_of,
+    tile_row_max,
     weight_rows,
     words_layout,
     x_copy,
@@ -140,11 +140,11 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted
 
 
 @gluon.jit
-def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, w_smax_ptr, sorted_ids_ptr,
                expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
-               stride_wse, stride_wsn, A_DIV: gl.constexpr, GATHERED: gl.constexpr, BM: gl.constexpr,
-               BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
-               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr):
+               stride_wse, stride_wsn, stride_wsme, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
+               BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
+               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, HAS_SMAX: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
     ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
@@ -183,7 +183,8 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
             x_copy(x_buf, c, kn, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
             async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
-        rmax = row_max_scale(ws_rows, num_k, S2, BN)
+        rmax = tile_row_max(ws_rows, w_smax_ptr + expert * stride_wsme, pid_n, N, num_k, S2, BN, EVEN_N,
+                            HAS_SMAX)
         rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
         s = gl.load(ws_rows).to(gl.int32)
         for k in range(num_k):
@@ -209,13 +210,14 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
 
 
 @gluon.jit(do_not_specialize=["num_blocks", "GROUP_SIZE_M"])
-def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_ids_ptr, expert_ids_ptr,
-                        num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm, stride_we, stride_wn,
-                        stride_wse, stride_wsn, stride_cm, GROUP_SIZE_M, A_DIV: gl.constexpr,
+def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_ptr, sorted_ids_ptr,
+                        expert_ids_ptr, num_padded_ptr, N, K, routes, num_blocks, stride_am, stride_asm,
+                        stride_we, stride_wn, stride_wse, stride_wsn, stride_wsme, stride_cm, GROUP_SIZE_M,
+                        A_DIV: gl.constexpr,
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
                         A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr,
-                        EVEN_N: gl.constexpr = True):
+                        EVEN_N: gl.constexpr = True, HAS_SMAX: gl.constexpr = False):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
@@ -255,8 +257,9 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, c_ptr, sorted_id
         (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
                    blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
                    BN, RING, A_RESIDENT, EVEN_N, num_warps)),
-        (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, sorted_ids_ptr,
+        (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, w_smax_ptr,
+                      sorted_ids_ptr,
                       expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
-                      stride_wn, stride_wse, stride_wsn, A_DIV, GATHERED, BM, BN, RING, RING - 1,
-                      DECODE_WARPS, A_RESIDENT, EVEN_N)),
+                      stride_wn, stride_wse, stride_wsn, stride_wsme, A_DIV, GATHERED, BM, BN, RING,
+                      RING - 1, DECODE_WARPS, A_RESIDENT, EVEN_N, HAS_SMAX)),
     ], [DECODE_WARPS], [DECODE_REGS])

@@ -79,3 +79,22 @@ def check_biases(w13_bias: Any, w2_bias: Any, experts: int, inter: int, hidden: 
             raise ValueError(f"{name} must be [E, {what}] = [{experts}, {cols}], got {tuple(b.shape)}")
         if b.device != device:
             raise ValueError(f"{name} is on {b.device}, x on {device}: all inputs must share a device")
+
+
+def check_scale_max(w13_scale_max: Any, w2_scale_max: Any, w13_scale: torch.Tensor,
+                    w2_scale: torch.Tensor) -> None:
+    """The optional stored row maxima (``moetune.quant.scale_row_max``): each None or uint8 ``[E, N]``, the
+    scale's first two dimensions, contiguous along N, on the scale's device. Their values are checked only
+    with ``validate=True`` (``layer``: a host sync)."""
+    for name, t, scale in (("w13_scale_max", w13_scale_max, w13_scale), ("w2_scale_max", w2_scale_max,
+                                                                          w2_scale)):
+        if t is None:
+            continue
+        _tensor(name, t, (torch.uint8,), 2)
+        if tuple(t.shape) != tuple(scale.shape[:2]) or t.stride(1) != 1:
+            raise ValueError(f"{name} must be a contiguous [E, N] = {list(scale.shape[:2])} (the scale's row "
+                             f"maxima, moetune.quant.scale_row_max), got shape {tuple(t.shape)}, strides "
+                             f"{t.stride()}")
+        if t.device != scale.device:
+            raise ValueError(f"{name} is on {t.device}, the scales on {scale.device}: all inputs must "
+                             f"share a device")

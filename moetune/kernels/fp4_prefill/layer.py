@@ -24,7 +24,7 @@ from moetune.kernels.fp4_prefill import triton_gemm
 from moetune.kernels.fp4_prefill.act_quant import act_quant, swiglu_quant
 from moetune.kernels.fp4_prefill.align import Alignment, align_routes
 from moetune.kernels.fp4_prefill.config import GEMMS, gemm_shapes, normalize_config
-from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs, check_scale_max
 from moetune.kernels.fp4_prefill.moe_sum import moe_sum
 from moetune.kernels.rules import picked_routes
 
@@ -36,12 +36,14 @@ SCALE_RANGE = {"bf16": (0, 240), "fp8": (2, 254), "fp8_row": (2, 254), "f16": (2
 
 def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  out: torch.Tensor, align: Alignment, *, a_div: int, config: Mapping[str, Any],
-                 a_k_order: str = "real") -> None:
+                 a_k_order: str = "real", w_scale_max: torch.Tensor | None = None) -> None:
     """``out[r] = dequant(a[r // a_div]) @ dequant(w[expert(r)]).T`` for every aligned route ``r``.
 
     With ``A_LAYOUT = "gathered"`` the A rows (and their scales) are first copied into
     slot order by the one-launch gather, and the GEMM reads contiguous rows. ``a_k_order="wgmma"``:
     ``a`` is in the K order of IMPL "gluon" (``quantize_fp8_act(k_order="wgmma")``), which only it reads.
+    ``w_scale_max``: the weights' row maxima (``moetune.quant.scale_row_max``), which IMPL "gluon" reads
+    instead of a pass over each tile's scales; the Triton kernels make their own.
     """
     gluon = config.get("IMPL", "triton") == "gluon"
     if a_k_order == "wgmma" and not gluon:
@@ -62,7 +64,7 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
         from moetune.kernels.fp4_prefill import gluon_gemm  # imported when used: Gluon has no interpreter
 
         gluon_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config,
-                          a_k_order=a_k_order)
+                          a_k_order=a_k_order, w_smax=w_scale_max)
     else:
         triton_gemm.launch(a, a_scale, w, w_scale, out, align, a_div=a_div, gathered=gathered, config=config)
 
@@ -88,10 +90,15 @@ def _configs(config: Mapping[str, Any] | None, shapes: dict[str, dict[str, int]]
     return out
 
 
-def _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts: int) -> None:
+def _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts: int, w13_scale_max, w2_scale_max) -> None:
     """Host-syncing checks, only with ``validate=True``."""
     if ((topk_ids < -1) | (topk_ids >= experts)).any():
         raise ValueError(f"topk_ids has ids outside [-1, {experts})")
+    for name, smax, s in (("w13_scale_max", w13_scale_max, w13_scale),
+                          ("w2_scale_max", w2_scale_max, w2_scale)):
+        if smax is not None and not torch.equal(smax, s.amax(dim=-1)):
+            raise ValueError(f"{name} is not the scale's row maxima (moetune.quant.scale_row_max of the "
+                             f"scale as given, after any padding)")
     for name, s, gemm in (("w13_scale", w13_scale, "gate_up"), ("w2_scale", w2_scale, "down")):
         lo, hi = SCALE_RANGE[cfgs[gemm]["DECODE"]]
         if s.numel() and (s.min() < lo or s.max() > hi):
@@ -104,7 +111,8 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
                     topk_ids: torch.Tensor, *, activation: str = "silu", swiglu_limit: float | None = None,
                     config: Mapping[str, Any] | None = None, validate: bool = False,
                     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
-                    active_share: float | None = None) -> torch.Tensor:
+                    active_share: float | None = None, w13_scale_max: torch.Tensor | None = None,
+                    w2_scale_max: torch.Tensor | None = None) -> torch.Tensor:
     """Routed-expert MoE output ``[M, H]`` (dtype of ``x``) from MXFP4 expert banks.
 
     Args:
@@ -130,18 +138,23 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
             then up columns) added to the gate/up GEMM's output before the clamp and activation, and
             ``[E, H]`` added to the down GEMM's output (times the routing weight, as the rest of the route's
             output). Neither is touched by K padding. None: that GEMM has no bias, and no kernel reads one.
+        w13_scale_max, w2_scale_max: optional ``[E, 2I]`` and ``[E, H]`` uint8, each weight row's largest
+            scale code (:func:`moetune.quant.scale_row_max` of the scales as given, made once at load). The
+            Gluon kernels then read them instead of passing over each tile's scales first (2-8% of a GEMM on
+            the H200); None: they make that pass. The result is the same either way.
     """
     experts, inter, k1, k2 = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                           topk_ids)
     check_activation(activation, swiglu_limit)
     check_biases(w13_bias, w2_bias, experts, inter, x.shape[1], x.device)
+    check_scale_max(w13_scale_max, w2_scale_max, w13_scale, w2_scale)
     m, h = x.shape
     top_k = topk_ids.shape[1]
     routes = m * top_k
     shapes = gemm_shapes(experts, h, inter, top_k, gate_up_k=k1, down_k=k2)
     cfgs = _configs(config, shapes, picked_routes(m, top_k, active_share))
     if validate:
-        _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts)
+        _validate_values(cfgs, w13_scale, w2_scale, topk_ids, experts, w13_scale_max, w2_scale_max)
     if m == 0:
         return x.new_empty((0, h))
 
@@ -157,7 +170,7 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     align_gu = align_routes(topk_ids, experts, cfgs["gate_up"]["BLOCK_SIZE_M"])
     gate_up = torch.empty(routes, 2 * inter, dtype=torch.float32, device=x.device)
     grouped_gemm(xq, xs, w13_packed, w13_scale, gate_up, align_gu, a_div=top_k, config=cfgs["gate_up"],
-                 a_k_order=order["gate_up"])
+                 a_k_order=order["gate_up"], w_scale_max=w13_scale_max)
     # Rows of inactive routes are never written here, nor read by the down GEMM.
     weights = topk_weights.reshape(-1).float()
     hq, hs = swiglu_quant(gate_up, weights, topk_ids.reshape(-1), swiglu_limit, k_order=order["down"],
@@ -167,6 +180,6 @@ def fp4_prefill_moe(x: torch.Tensor, w13_packed: torch.Tensor, w13_scale: torch.
     # inactive routes' rows: never read
     down = torch.empty(routes, h, dtype=OUT_DTYPES[cfgs["down"]["OUT_DTYPE"]], device=x.device)
     grouped_gemm(hq, hs, w2_packed, w2_scale, down, align_dn, a_div=1, config=cfgs["down"],
-                 a_k_order=order["down"])
+                 a_k_order=order["down"], w_scale_max=w2_scale_max)
     return moe_sum(down, topk_ids, x.dtype, bias=w2_bias,
                    topk_weights=None if w2_bias is None else weights.view(m, top_k))
