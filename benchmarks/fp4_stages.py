@@ -1,7 +1,7 @@
 """Where the Gluon FP4 kernels' time goes: the tables' pick at one point, timed as shipped and with one stage
-left out at a time, the difference being that stage's cost on the critical path. Two kernels: the
-warp-specialized one (``ws``: DECODE_WARPS picks, dense points) and the SWAP_AB 1 ring (``ring``: sparse
-points), whichever the pick runs.
+left out at a time, the difference being that stage's cost on the critical path. Three kernel modules: the
+warp-specialized one (``ws``: DECODE_WARPS picks, dense points), the SWAP_AB 1 ring (``ring``: sparse
+points) and the SWAP_AB 0 loops (``smem``), whichever the pick runs.
 Each variant is the kernel's module with one line replaced, built as a module of its own and launched
 through the layer's own launcher (``gluon_gemm``), so everything else is the shipped code. The left-out
 variants compute wrong numbers on purpose; their error is printed, not checked. Stages:
@@ -38,24 +38,31 @@ import triton
 
 import moetune.kernels.fp4_prefill.gluon_gemm as launcher
 import moetune.kernels.fp4_prefill.gluon_ring as ring
+import moetune.kernels.fp4_prefill.gluon_smem as smem
 import moetune.kernels.fp4_prefill.gluon_ws as ws
 from moetune.models import get_model
 from moetune.specs.registry import get_spec
 from moetune.tables.picker import pick_config
 
-# the kernels' row maxima from the stored ones (the spec gives them) or by a pass over the scales
-_PASS = [("EVEN_N,\n" + " " * 28 + "HAS_SMAX)", "EVEN_N,\n" + " " * 28 + "False)")]
+
+def _pass(indent: int, flag: str = "HAS_SMAX") -> list[tuple[str, str]]:
+    """The kernel's ``tile_row_max`` call (its flag on a line of its own) made to take the pass over the
+    scales instead of the stored row maxima the spec gives."""
+    return [(f"EVEN_N,\n{' ' * indent}{flag})", f"EVEN_N,\n{' ' * indent}False)")]
+
+
+
 _SCALES = "s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)"
 _DECODE = "decode_words(words, s, rmax, BN)"
 _RESCALE = "acc += part * xs[:, None]"
 _CHAIN = [(_RESCALE, "acc = part"), ("zero, use_acc=False, is_async=True)", "acc, is_async=True)")]
 _W_COPY = "async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))"
 _X_COPY = "x_copy(x_buf, cn, k + LOOK, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)"
-# per kernel: its module, the launcher's name for it, and its variants (lines replaced)
+# per kernel module: the module, the launcher's names for its kernels, and its variants (lines replaced)
 KERNELS = {
     "ws": (ws, "fp4_wgmma_ws_kernel", {
         "shipped": [],
-        "rowmax pass": _PASS,
+        "rowmax pass": _pass(28, "HAS_SMAX and not A_RESIDENT"),
         "no scales": [(_SCALES, "s_next = s")],
         "no decode": [(_DECODE, "gl.join(words, words)")],
         "no rescale": [(_RESCALE, "acc += part")],
@@ -67,39 +74,46 @@ KERNELS = {
     }),
     "ring": (ring, "fp4_wgmma_kernel", {
         "shipped": [],
-        "rowmax pass": _PASS,
+        "rowmax pass": _pass(28),
+    }),
+    "smem": (smem, "fp4_wgmma_smem_kernel fp4_wgmma_halves_kernel", {
+        "shipped": [],
+        "rowmax pass": _pass(24),
     }),
 }
 
 
-def variant_kernel(kernel: str, lines: list[tuple[str, str]], folder: Path):
-    """KERNELS[kernel]'s kernel with each (old, new) of ``lines`` replaced in its module (a file of its own:
-    the JIT reads its functions' source)."""
-    module, name, _ = KERNELS[kernel]
+def variant_kernels(kernel: str, lines: list[tuple[str, str]], folder: Path) -> list:
+    """KERNELS[kernel]'s kernels with each (old, new) of ``lines`` replaced in their module (a file of its
+    own: the JIT reads its functions' source), each old text wherever it is."""
+    module, names, _ = KERNELS[kernel]
     text = inspect.getsource(module)
     for old, new in lines:
-        if text.count(old) != 1:
-            raise SystemExit(f"{old!r} is not once in {module.__name__}")
+        if old not in text:
+            raise SystemExit(f"{old!r} is not in {module.__name__}")
         text = text.replace(old, new)
     path = folder / f"{kernel}_{len(list(folder.iterdir()))}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     variant = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(variant)
-    return getattr(variant, name)
+    return [getattr(variant, name) for name in names.split()]
 
 
 @contextlib.contextmanager
 def launched(kernel: str, lines: list[tuple[str, str]], folder: Path):
-    """The layer's launcher runs KERNELS[kernel]'s kernel with ``lines`` replaced inside the block (the
-    shipped one where there are none), the shipped one after it."""
-    module, name, _ = KERNELS[kernel]
-    shipped = getattr(module, name)
-    setattr(launcher, name, variant_kernel(kernel, lines, folder) if lines else shipped)
+    """The layer's launcher runs KERNELS[kernel]'s kernels with ``lines`` replaced inside the block (the
+    shipped ones where there are none), the shipped ones after it."""
+    module, names, _ = KERNELS[kernel]
+    shipped = [getattr(module, name) for name in names.split()]
+    for name, fn in zip(names.split(), variant_kernels(kernel, lines, folder) if lines else shipped,
+                        strict=True):
+        setattr(launcher, name, fn)
     try:
         yield
     finally:
-        setattr(launcher, name, shipped)
+        for name, fn in zip(names.split(), shipped, strict=True):
+            setattr(launcher, name, fn)
 
 
 def _point(point: str):
@@ -108,10 +122,9 @@ def _point(point: str):
     shape = spec.normalize_shape(spec.shape_from_model(get_model(model), int(tp)))
     problem = spec.problem(shape, -(-int(routes) // shape["top_k"]))
     config = {**spec.default, **pick_config(kernel, shape, problem.routes, device="NVIDIA H200")}
-    if config["IMPL"] != "gluon" or not (config["DECODE_WARPS"] or config["SWAP_AB"]):
-        raise SystemExit(f"{point}: the tables pick {config}: neither the warp-specialized kernel nor the "
-                         "ring")
-    return spec, problem, config, "ws" if config["DECODE_WARPS"] else "ring"
+    if config["IMPL"] != "gluon":
+        raise SystemExit(f"{point}: the tables pick {config}, not a Gluon kernel")
+    return spec, problem, config, "ws" if config["DECODE_WARPS"] else "ring" if config["SWAP_AB"] else "smem"
 
 
 def compile_only(point: str, folder: Path) -> None:
@@ -120,7 +133,7 @@ def compile_only(point: str, folder: Path) -> None:
     for name, lines in KERNELS[kernel][2].items():
         with launched(kernel, lines, folder):
             k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"],
-                                          row_max=True)
+                                          row_max=True, out_dtype=config["OUT_DTYPE"])
         print(f"{point} | {name} | compiled, {k.metadata.shared} B of shared memory", flush=True)
 
 

@@ -66,8 +66,8 @@ def test_schemas():
     assert schemas["fp8_decode_moe"].endswith("bool? pdl=None, float? active_share=None) -> Tensor")
     assert schemas["fp4_prefill_moe"].endswith(
         "str config=\"\", bool validate=False, float? active_share=None) -> Tensor")
-    assert "Tensor topk_ids, Tensor? w13_bias=None, Tensor? w2_bias=None, str activation" in schemas[
-        "fp4_prefill_moe"]
+    assert ("Tensor topk_ids, Tensor? w13_bias=None, Tensor? w2_bias=None, Tensor? w13_scale_max=None, "
+            "Tensor? w2_scale_max=None, str activation") in schemas["fp4_prefill_moe"]
     assert schemas["gather_rows_with_scales"].endswith("-> (Tensor, Tensor)")
 
 

@@ -183,8 +183,10 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
             x_copy(x_buf, c, kn, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
             async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
             cp.commit_group()
+        # the resident tile (down's K of 1024, 8 chunks a tile) was 3-5% faster with the pass than with
+        # the stored maxima on the H200, the others 6% slower (docs/kernels/fp4_prefill.md, row maxima)
         rmax = tile_row_max(ws_rows, w_smax_ptr + expert * stride_wsme, pid_n, N, num_k, S2, BN, EVEN_N,
-                            HAS_SMAX)
+                            HAS_SMAX and not A_RESIDENT)
         rbuf.index(ti % 2).store(gl.convert_layout(gl.reshape(rmax, [BN]), R_L))
         s = gl.load(ws_rows).to(gl.int32)
         for k in range(num_k):

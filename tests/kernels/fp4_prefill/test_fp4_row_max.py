@@ -113,7 +113,8 @@ print(json.dumps(out))
 def test_every_gluon_kernel_compiles_reading_the_maxima():
     """Offline compile (no GPU, no TRITON_INTERPRET) with a tail N tile, with and without the stored maxima:
     both issue the wgmma async and allocate the same shared memory; the stored maxima replace the pass's
-    byte loads of scale codes (a loop of eight) by the one of the maxima, so the PTX holds fewer."""
+    byte loads of scale codes (a loop of eight) by the one of the maxima, so the PTX holds fewer, except in
+    the resident warp-specialized tile, which keeps the pass."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(CONFIGS)], capture_output=True,
                          text=True, env=env, timeout=900)
@@ -122,7 +123,10 @@ def test_every_gluon_kernel_compiles_reading_the_maxima():
         plain, stored = got["False"], got["True"]
         assert plain["async"] and stored["async"], name
         assert stored["shared"] == plain["shared"], name
-        assert 0 < stored["byte_loads"] < plain["byte_loads"], name
+        if name == "ws-resident-bf16":  # keeps the pass, faster there (gluon_ws._ws_decode)
+            assert stored["byte_loads"] == plain["byte_loads"], name
+        else:
+            assert 0 < stored["byte_loads"] < plain["byte_loads"], name
 
 
 @pytest.mark.gpu
