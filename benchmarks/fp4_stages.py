@@ -17,7 +17,9 @@ variants compute wrong numbers on purpose; their error is printed, not checked. 
   activations after the tile's first chunks (the ring keeps what it holds).
 
 Times: ``triton.testing.do_bench`` (L2 cleared between runs), median ms. Writes stages.json under --out.
-``--compile-only`` builds every variant for sm_90 without a GPU (a check of the replaced lines).
+``--set KEY=VALUE`` adds the pick with a design switch set (checked against the reference, not wrong on
+purpose), ``--only shipped`` leaves the stage variants out. ``--compile-only`` builds every variant for sm_90
+without a GPU (a check of the replaced lines).
 
     PYTHONPATH=. python benchmarks/fp4_stages.py --out $OUT/stages \\
         --point deepseek-v4-flash:2:fp4_prefill.gate_up:24576 --point gpt-oss-120b:1:fp4_prefill.gate_up:768
@@ -127,27 +129,37 @@ def _point(point: str):
     return spec, problem, config, "ws" if config["DECODE_WARPS"] else "ring" if config["SWAP_AB"] else "smem"
 
 
-def compile_only(point: str, folder: Path) -> None:
+def _variants(kernel: str, config: dict, sets: list[str]):
+    """(name, lines replaced, config) of each variant: the kernel's, then the pick with each ``--set``
+    KEY=VALUE (a design switch of the shipped kernel, checked against the reference like the pick)."""
+    for name, lines in KERNELS[kernel][2].items():
+        yield name, lines, config
+    for item in sets:
+        key, value = item.split("=")
+        yield f"set {item}", [], {**config, key: int(value) if value.lstrip("-").isdigit() else value}
+
+
+def compile_only(point: str, folder: Path, sets: list[str]) -> None:
     spec, problem, config, kernel = _point(point)
     a_div = problem.shape["top_k"] if spec.gemm == "gate_up" else 1
-    for name, lines in KERNELS[kernel][2].items():
+    for name, lines, cfg in _variants(kernel, config, sets):
         with launched(kernel, lines, folder):
-            k = launcher.compile_for_sm90(config, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"],
-                                          row_max=True, out_dtype=config["OUT_DTYPE"])
+            k = launcher.compile_for_sm90(cfg, a_div=a_div, k=problem.shape["K"], n=problem.shape["N"],
+                                          row_max=True, out_dtype=cfg["OUT_DTYPE"])
         print(f"{point} | {name} | compiled, {k.metadata.shared} B of shared memory", flush=True)
 
 
-def measure(point: str, folder: Path) -> list[dict]:
-    spec, problem, config, kernel = _point(point)
+def measure(point: str, folder: Path, sets: list[str]) -> list[dict]:
+    spec, problem, pick, kernel = _point(point)
     inputs = spec.make_inputs(problem, "cuda", 0)
     expected = spec.reference(inputs)
     rows = []
-    for name, lines in KERNELS[kernel][2].items():
+    for name, lines, config in _variants(kernel, pick, sets):
         with launched(kernel, lines, folder):
             spec.run(inputs, config)
             spec.collect(inputs, config)
             err = spec.error(inputs.outputs, expected)
-            ms = triton.testing.do_bench(lambda: spec.run(inputs, config), warmup=50, rep=300,
+            ms = triton.testing.do_bench(lambda config=config: spec.run(inputs, config), warmup=50, rep=300,
                                          return_mode="median")
         rows.append({"point": point, "variant": name, "ms": ms, "error": err,
                      "tflops": spec.flops(problem) / ms / 1e9})
@@ -159,18 +171,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--point", action="append", required=True, help="model:tp:kernel:routes")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="also the pick with this config key set (a variant of its own; repeatable)")
+    ap.add_argument("--only", choices=["shipped"], help="of the stage variants, only the shipped kernel")
     ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
+    if args.only:
+        for _, _, variants in KERNELS.values():
+            for name in [n for n in variants if n != "shipped"]:
+                del variants[name]
     args.out.mkdir(parents=True, exist_ok=True)
     if args.compile_only:
         with tempfile.TemporaryDirectory() as tmp:
             for point in args.point:
-                compile_only(point, Path(tmp))
+                compile_only(point, Path(tmp), args.set)
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for point in args.point:
-            rows += measure(point, Path(tmp))
+            rows += measure(point, Path(tmp), args.set)
     (args.out / "stages.json").write_text(json.dumps(rows, indent=1))
     print("| point | variant | ms | x shipped | TFLOP/s | error |\n|---|---|---:|---:|---:|---:|")
     base = {r["point"]: r["ms"] for r in rows if r["variant"] == "shipped"}

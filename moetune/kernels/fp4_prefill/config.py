@@ -42,7 +42,7 @@ GLUON_ONLY = ("SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT", "RING_SP
 # moves values across fp8 rounding boundaries (a few percent of error against the reference).
 # What IMPL "gluon" computes: its only values of the switches it does not read.
 GLUON_FIXED: dict[str, Any] = {"DECODE": "fp8_row", "UNPACK": "lut", "BLOCK_SIZE_K": 128,
-                               "W_TMA": 0, "SCALE_AHEAD": 0, "A_QUADS": 0}
+                               "SCALE_AHEAD": 0, "A_QUADS": 0}
 # The shipped static config: the baseline every sweep point is timed against.
 DEFAULT: dict[str, Any] = {
     "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 8,
@@ -131,6 +131,9 @@ def normalize_config(config: Mapping[str, Any], gemm: str = "gate_up") -> dict[s
                                 or cfg["MMA_HALVES"]):
         raise ValueError(f"config DECODE_WARPS {cfg['DECODE_WARPS']} is a switch of IMPL 'gluon' with "
                          f"SWAP_AB 0, SCALE_RING 0 and MMA_HALVES 0")
+    if cfg["W_TMA"] and cfg["IMPL"] == "gluon" and not cfg["DECODE_WARPS"]:
+        raise ValueError("config W_TMA 1 with IMPL 'gluon' is a switch of DECODE_WARPS 4 or 8 (the packed "
+                         "weights by TMA copies instead of the decode warps' cp.async)")
     if gemm == "gate_up" and cfg["OUT_DTYPE"] != "fp32":
         raise ValueError(f"config OUT_DTYPE {cfg['OUT_DTYPE']!r} is down's only: gate/up's fp32 rows feed "
                          f"the fp8 quantizer, which a rounding before it would move off the reference")

@@ -78,7 +78,7 @@ def _kernel(config, a_div: int, gathered: bool, k: int, n: int):
         resident = bool(config.get("A_RESIDENT", 0))
         regs = _DECODE_REGS[dw, config.get("OUT_DTYPE", "fp32")]
         const.update(DECODE_WARPS=dw, DECODE_REGS=regs, A_RESIDENT=resident,
-                     X_SLOTS=k // 128 if resident else const["RING"])
+                     X_SLOTS=k // 128 if resident else const["RING"], W_TMA=bool(config.get("W_TMA", 0)))
         threads = 32 * (config["num_warps"] + dw)
         return fp4_wgmma_ws_kernel, const, {"maxnreg": min(255, 65536 // threads) // 8 * 8}
     const["SCALE_RING"] = bool(config.get("SCALE_RING", 0))
@@ -120,6 +120,7 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int =
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
 
     kernel, const, options = _kernel(config, a_div, gathered, k, n)
     const["HAS_SMAX"] = row_max
@@ -129,6 +130,12 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int =
     types = {"a_ptr": "*fp8e4nv", "a_scale_ptr": "*fp32", "w_ptr": "*i32", "w_scale_ptr": "*u8",
              "w_smax_ptr": "*u8", "c_ptr": "*" + out_dtype, "sorted_ids_ptr": "*i32",
              "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32"}
+    if "w_desc" in params:  # the warp-specialized kernel's: a TMA descriptor with W_TMA, else None
+        if const["W_TMA"]:
+            types["w_desc"] = mangle_type(_weight_descriptor(torch.empty(1, n, k // 8, dtype=torch.int32),
+                                                             const["BLOCK_SIZE_N"]))
+        else:
+            const["w_desc"] = None
     sig = {p: "constexpr" if p in const else types.get(p, "i32") for p in params}
     aligned = [p for p in params if p not in const
                and (p.startswith("stride") or p in ("N", "K") or p.endswith("_ptr"))]
@@ -136,6 +143,16 @@ def compile_for_sm90(config, *, a_div: int = 6, gathered: bool = False, k: int =
                          attrs={(params.index(k),): [["tt.divisibility", 16]] for k in aligned})
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": const["num_warps"],
                                                                            **options})
+
+
+def _weight_descriptor(words: torch.Tensor, bn: int):
+    """The TMA descriptor of packed weights as int32 words [E, N, K / 8]: [1, BN, 16] tiles (one 128-K
+    chunk of BN rows, 64 bytes a row, rows past N zero-filled), in ``gluon_ws.W_TILE``."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from moetune.kernels.fp4_prefill.gluon_ws import W_TILE
+
+    return TensorDescriptor.from_tensor(words, [1, bn, 128 // 8], W_TILE.value)
 
 
 @functools.cache
@@ -200,6 +217,8 @@ def launch(a, a_scale, w, w_scale, out, align, *, a_div: int, gathered: bool, co
     if config.get("DECODE_WARPS", 0):  # persistent: a program an SM
         grid = min(grid, _sm_count(a.device))
     smax, smax_stride = (w_scale, 0) if w_smax is None else (w_smax, w_smax.stride(0))
+    if const.get("W_TMA"):
+        const["w_desc"] = _weight_descriptor(words, bn)
     kernel[(grid,)](
         a, a_scale, words, w_scale, smax, out, align.sorted_ids, align.expert_ids, align.num_padded, n, k,
         align.routes, align.max_blocks, a.stride(0), a_scale.stride(0), words.stride(0), words.stride(1),

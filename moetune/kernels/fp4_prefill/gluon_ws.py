@@ -14,6 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import async_copy as cp
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -70,6 +71,49 @@ def _ws_row_ptrs(route, pid_m, base, routes, stride, A_DIV: gl.constexpr, GATHER
     else:
         row = gl.where(route < routes, route // A_DIV, 0)
     return base + row.to(gl.int64) * stride
+
+
+# the packed-weight tiles of W_TMA: [1, BN, 16] int32 words, row-major (the launcher's descriptor's layout)
+W_TILE = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3))
+# TMA global -> shared: async_copy_global_to_shared in Triton 3.6, async_load in later versions
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+@gluon.jit
+def _w_copy(w_ring, w_full, w_src, c, k, expert, pid_n, LOOK: gl.constexpr, BN: gl.constexpr,
+            W_TMA: gl.constexpr):
+    """Chunk k's packed weights (chunk c of the program) into its ring slot: a TMA copy of the [1, BN, 16]
+    word tile from the descriptor ``w_src`` (rows past N zero-filled; ``w_full`` counts its bytes), or this
+    partition's cp.async copies from the row pointers ``w_src`` (16 bytes a thread)."""
+    if W_TMA:
+        mbarrier.expect(w_full.index(c % LOOK), BN * CHUNK // 2)
+        _tma_load(w_src, [expert, pid_n * BN, k * (CHUNK // 8)], w_full.index(c % LOOK),
+                  w_ring.index(c % LOOK))
+    else:
+        async_load(w_ring.index(c % LOOK), w_src + k * (CHUNK // 8))
+
+
+@gluon.jit
+def _w_words(w_ring, w_full, c, P_W: gl.constexpr, LOOK: gl.constexpr, BN: gl.constexpr,
+             W_TMA: gl.constexpr):
+    """Chunk c's packed words [BN, 4(q), 4(b)] from its ring slot, once they are in (TMA: its barrier; the
+    cp.async copies: the caller's wait)."""
+    slot = w_ring.index(c % LOOK)
+    if W_TMA:
+        mbarrier.wait(w_full.index(c % LOOK), (c // LOOK) & 1)
+        slot = _as_rows(slot, BN)
+    return slot.load(P_W)
+
+
+# a TMA tile [1, BN, 16] (no swizzle: row-major words) read as [BN, 4, 4]: `_reinterpret` in Triton 3.6
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def _as_rows(buf, BN: gl.constexpr):
+        return buf.reinterpret(gl.int32, [BN, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+else:
+    @gluon.jit
+    def _as_rows(buf, BN: gl.constexpr):
+        return buf._reinterpret(gl.int32, [BN, 4, 4], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
 
 
 @gluon.jit
@@ -140,16 +184,18 @@ def _ws_mma(x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted
 
 
 @gluon.jit
-def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, w_smax_ptr, sorted_ids_ptr,
-               expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we, stride_wn,
-               stride_wse, stride_wsn, stride_wsme, A_DIV: gl.constexpr, GATHERED: gl.constexpr,
-               BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr, LOOK: gl.constexpr, DW: gl.constexpr,
-               A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr, HAS_SMAX: gl.constexpr):
+def _ws_decode(x_buf, w_ring, w_full, dec, rbuf, ready, empty, a_ptr, w_ptr, w_desc, w_scale_ptr, w_smax_ptr,
+               sorted_ids_ptr, expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am,
+               stride_we, stride_wn, stride_wse, stride_wsn, stride_wsme, A_DIV: gl.constexpr,
+               GATHERED: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, NBUF: gl.constexpr,
+               LOOK: gl.constexpr, DW: gl.constexpr, A_RESIDENT: gl.constexpr, EVEN_N: gl.constexpr,
+               HAS_SMAX: gl.constexpr, W_TMA: gl.constexpr):
     """DECODE_WARPS' worker partition (DW warps), over the program's tiles: copies (activations into the
     shared slots, packed weights into its own ring, LOOK chunks ahead within a tile, each slot taken once
     ``empty`` says its last product is done), the tile's row max scales into ``rbuf`` (loaded while its
     first copies fly), and the decode of each chunk into the slot's weight buffer, then ``ready``. It runs up
-    to NBUF chunks ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead."""
+    to NBUF chunks ahead of the MMA warps. The next tile's expert and route ids are loaded a tile ahead.
+    W_TMA: the packed weights by TMA copies (``w_desc``), which take none of the partition's issue slots."""
     P_W: gl.constexpr = gl.BlockedLayout([1, 1, 4], [8, 4, 1], [DW, 1, 1], [2, 1, 0])
     S2: gl.constexpr = gl.SliceLayout(2, P_W)
     X_LOAD: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [DW, 1], [1, 0])
@@ -171,6 +217,10 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
         route_n = _ws_routes(pid_m_n, sorted_ids_ptr, X_ROWS, BM)  # used a tile from now
         w_rows, ws_rows = weight_rows(w_ptr, w_scale_ptr, expert.to(gl.int64), pid_n, N, stride_we, stride_wn,
                                       stride_wse, stride_wsn, P_W, BN, EVEN_N)
+        if W_TMA:
+            w_src = w_desc
+        else:
+            w_src = w_rows
         x_rows = _ws_row_ptrs(route, pid_m, a_ptr, routes, stride_am, A_DIV, GATHERED, X_ROWS, BM)[:, None]
         row_ok_x = route < routes
         fresh = pid_m != held
@@ -181,7 +231,7 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
             mbarrier.wait(empty.index(c % NBUF), ((c // NBUF) & 1) ^ 1)
             kn = gl.minimum(i, num_k - 1)
             x_copy(x_buf, c, kn, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
-            async_load(w_ring.index(c % LOOK), w_rows + kn * (CHUNK // 8))
+            _w_copy(w_ring, w_full, w_src, c, kn, expert, pid_n, LOOK, BN, W_TMA)
             cp.commit_group()
         # the resident tile (down's K of 1024, 8 chunks a tile) was 3-5% faster with the pass than with
         # the stored maxima on the H200, the others 6% slower (docs/kernels/fp4_prefill.md, row maxima)
@@ -192,7 +242,7 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
         for k in range(num_k):
             c = g + k
             cp.wait_group(LOOK - 1)  # chunk k (mine)
-            words = w_ring.index(c % LOOK).load(P_W)
+            words = _w_words(w_ring, w_full, c, P_W, LOOK, BN, W_TMA)
             s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 32)).to(gl.int32)
             store_words(dec.index(c % NBUF), decode_words(words, s, rmax, BN), W_WORDS, BN)
             fence_async_shared()
@@ -202,7 +252,7 @@ def _ws_decode(x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr
                 cn = c + LOOK
                 mbarrier.wait(empty.index(cn % NBUF), ((cn // NBUF) & 1) ^ 1)
                 x_copy(x_buf, cn, k + LOOK, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)
-                async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))
+                _w_copy(w_ring, w_full, w_src, cn, k + LOOK, expert, pid_n, LOOK, BN, W_TMA)
             cp.commit_group()  # (empty past the tile's last chunk: the wait above counts groups)
             s = s_next
         pid_m, pid_n, expert, route = pid_m_n, pid_n_n, expert_n, route_n
@@ -219,7 +269,8 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_pt
                         GATHERED: gl.constexpr, BLOCK_SIZE_M: gl.constexpr, BLOCK_SIZE_N: gl.constexpr,
                         RING: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
                         A_RESIDENT: gl.constexpr, X_SLOTS: gl.constexpr, num_warps: gl.constexpr,
-                        EVEN_N: gl.constexpr = True, HAS_SMAX: gl.constexpr = False):
+                        EVEN_N: gl.constexpr = True, HAS_SMAX: gl.constexpr = False,
+                        W_TMA: gl.constexpr = False, w_desc=None):
     """SWAP_AB 0, ``DECODE_WARPS`` 4 or 8: persistent and warp-specialized. That many warps copy and decode
     (DECODE_REGS registers a thread), the kernel's num_warps (BM / 16) multiply, rescale and store; they meet
     on mbarriers a slot (``ready``: activations and decoded weights in; ``empty``: the product done) instead
@@ -241,8 +292,12 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_pt
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, CHUNK], gl.float8e4nv)
     x_buf = gl.allocate_shared_memory(gl.float8e4nv, [X_SLOTS, BM, CHUNK], X_SMEM)
     dec = gl.allocate_shared_memory(gl.float8e4nv, [RING, BN, CHUNK], W_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
-                                       gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    if W_TMA:  # the descriptor's [1, BN, 16] word tiles, unswizzled
+        w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, 1, BN, CHUNK // 8], W_TILE)
+    else:
+        w_ring = gl.allocate_shared_memory(gl.int32, [RING - 1, BN, 4, 4],
+                                           gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))
+    w_full = gl.allocate_shared_memory(gl.int64, [RING - 1, 1], mbarrier.MBarrierLayout())
     rbuf = gl.allocate_shared_memory(gl.int32, [2, BN], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     # the epilogue's tile: 16-byte pieces XOR-swizzled over 8 rows, so that both the accumulator's stores
     # (8 rows a warp) and the row-wise loads are free of bank conflicts
@@ -254,14 +309,16 @@ def fp4_wgmma_ws_kernel(a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_smax_ptr, c_pt
     for i in gl.static_range(RING):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    for i in gl.static_range(RING - 1):
+        mbarrier.init(w_full.index(i), count=1)
     barrier()
     gl.warp_specialize([
         (_ws_mma, (x_buf, dec, rbuf, out_smem, ready, empty, a_scale_ptr, c_ptr, sorted_ids_ptr, num_tiles,
                    blocks, N, K, routes, GROUP_SIZE_M, stride_asm, stride_cm, A_DIV, GATHERED, BM,
                    BN, RING, A_RESIDENT, EVEN_N, num_warps)),
-        (_ws_decode, (x_buf, w_ring, dec, rbuf, ready, empty, a_ptr, w_ptr, w_scale_ptr, w_smax_ptr,
-                      sorted_ids_ptr,
+        (_ws_decode, (x_buf, w_ring, w_full, dec, rbuf, ready, empty, a_ptr, w_ptr, w_desc, w_scale_ptr,
+                      w_smax_ptr, sorted_ids_ptr,
                       expert_ids_ptr, num_tiles, blocks, N, K, routes, GROUP_SIZE_M, stride_am, stride_we,
                       stride_wn, stride_wse, stride_wsn, stride_wsme, A_DIV, GATHERED, BM, BN, RING,
-                      RING - 1, DECODE_WARPS, A_RESIDENT, EVEN_N, HAS_SMAX)),
+                      RING - 1, DECODE_WARPS, A_RESIDENT, EVEN_N, HAS_SMAX, W_TMA)),
     ], [DECODE_WARPS], [DECODE_REGS])

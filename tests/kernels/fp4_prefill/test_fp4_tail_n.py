@@ -30,6 +30,7 @@ CONFIGS = {
     "smem-halves": {**SMEM, "MMA_HALVES": 1, "num_stages": 3},
     "ws": WS,
     "ws-resident-bf16": {**WS, "A_RESIDENT": 1, "GROUP_SIZE_M": 1, "OUT_DTYPE": "bf16"},
+    "ws-tma": {**WS, "W_TMA": 1},
 }
 
 
@@ -103,7 +104,7 @@ def _reference(q, s, w, ws, ids, a_div):
 @pytest.mark.parametrize("name, n", [
     ("swap", 352), ("swap-split", 352), ("swap-resident", 352), ("swap-bn128", 320), ("smem", 320),
     ("smem-scale-ring-bn256", 320), ("smem-halves", 320), ("ws", 320), ("ws-resident-bf16", 320),
-    ("smem", 2880), ("ws", 2880)])
+    ("ws-tma", 320), ("smem", 2880), ("ws", 2880), ("ws-tma", 2880)])
 def test_tail_tile_matches_reference_on_gpu(device, name, n):
     """grouped_gemm at N with a tail tile (352 = 5.5 x 64, 320 = 2.5 x 128 = 1.25 x 256, gpt-oss's 2880 =
     22.5 x 128) against the fp64 reference, whole and in the tail tile's columns alone; the output a view of

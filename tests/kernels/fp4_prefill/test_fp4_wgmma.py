@@ -189,14 +189,15 @@ def test_gluon_configs_are_candidates_once_per_tile():
     assert gluon and all(all(c[k] == v for k, v in GLUON_FIXED.items()) for c in gluon)
     tiles = {(c["BLOCK_SIZE_M"], c["BLOCK_SIZE_N"], c["GROUP_SIZE_M"], c["num_warps"], c["num_stages"],
               c["A_LAYOUT"], c["SCALE_RING"], c["SWAP_AB"], c["MMA_HALVES"], c["DECODE_WARPS"],
-              c["A_RESIDENT"], c["RING_SPLIT"], c["MAXNREG"]) for c in gluon}
+              c["A_RESIDENT"], c["RING_SPLIT"], c["MAXNREG"], c["W_TMA"]) for c in gluon}
     assert len(tiles) == len(gluon) and {c["SCALE_RING"] for c in gluon} == {0, 1}
     switches = ("SWAP_AB", "SCALE_RING", "MMA_HALVES", "DECODE_WARPS", "A_RESIDENT")
     swap = {(1, 0, 0, 0, 0), (1, 1, 0, 0, 0), (1, 0, 0, 0, 1), (1, 1, 0, 0, 1)}  # with RING_SPLIT, MAXNREG
-    assert {tuple(c[k] for k in (*switches, "RING_SPLIT", "MAXNREG")) for c in gluon} == {
-        (0, 0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0), (0, 0, 0, 4, 0, 0, 0),
-        (0, 0, 0, 8, 0, 0, 0), (0, 0, 0, 4, 1, 0, 0), (0, 0, 0, 8, 1, 0, 0),
-        *((*s, split, cap) for s in swap for split in (0, 1) for cap in (0, 96))}
+    ws = {(0, 0, 0, dw, resident) for dw in (4, 8) for resident in (0, 1)}  # with W_TMA
+    assert {tuple(c[k] for k in (*switches, "RING_SPLIT", "MAXNREG", "W_TMA")) for c in gluon} == {
+        (0, 0, 0, 0, 0, 0, 0, 0), (0, 1, 0, 0, 0, 0, 0, 0), (0, 0, 1, 0, 0, 0, 0, 0),
+        *((*s, 0, 0, tma) for s in ws for tma in (0, 1)),
+        *((*s, split, cap, 0) for s in swap for split in (0, 1) for cap in (0, 96))}
     assert all(c["GROUP_SIZE_M"] == 1 for c in gluon if c["A_RESIDENT"] and c["DECODE_WARPS"])
     assert "OUT_DTYPE" not in spec.space  # down's only
     assert {c["OUT_DTYPE"] for c in get_spec("fp4_prefill.down").candidates()} == {"fp32", "bf16"}
@@ -226,6 +227,7 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON_SMEM, "SCALE_RING": 1},
                                     {**GLUON_SMEM, "MMA_HALVES": 1, "num_stages": 3},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4}, {**GLUON_SMEM, "DECODE_WARPS": 8},
+                                    {**GLUON_SMEM, "DECODE_WARPS": 4, "W_TMA": 1},
                                     {**GLUON_SMEM, "DECODE_WARPS": 4, "A_RESIDENT": 1, "GROUP_SIZE_M": 1,
                                      "BLOCK_SIZE_N": 128, "OUT_DTYPE": "bf16"},
                                     {**GLUON, "SCALE_RING": 1, "A_RESIDENT": 1},
@@ -235,7 +237,8 @@ def test_gluon_refuses_the_interpreter_before_any_launch():
                                     {**GLUON, "BLOCK_SIZE_M": 16, "SCALE_RING": 1, "RING_SPLIT": 1,
                                      "MAXNREG": 96}],
                          ids=["swap", "swap-scale-ring", "smem", "smem-scale-ring", "smem-mma-halves",
-                              "smem-decode-warps-4", "smem-decode-warps-8", "smem-resident-bf16",
+                              "smem-decode-warps-4", "smem-decode-warps-8", "smem-decode-warps-tma",
+                              "smem-resident-bf16",
                               "swap-resident", "swap-split", "swap-split-odd", "swap-resident-split",
                               "swap-split-maxnreg-96"])
 def test_kernel_compiles_for_sm90_with_the_wgmma_async(config):
@@ -407,7 +410,8 @@ def test_smem_variants_give_the_numbers_of_the_plain_loop_on_gpu(switch, bm, bn,
     torch.testing.assert_close(outs[1][active], outs[0][active], rtol=1e-5, atol=1e-6)
 
 
-def _outputs_on_gpu(configs, *, e: int, n: int, k: int, tokens: int, top_k: int, seed: int):
+def _outputs_on_gpu(configs, *, e: int, n: int, k: int, tokens: int, top_k: int, seed: int,
+                    dtype: torch.dtype = torch.float32):
     """grouped_gemm's per-route rows for each config (all of one BLOCK_SIZE_M) on one problem: skewed and
     partly inactive routes, the last expert routed, rows NaN-poisoned beforehand; and which rows are
     active. The first config's active rows are checked finite and not all zero."""
@@ -425,7 +429,7 @@ def _outputs_on_gpu(configs, *, e: int, n: int, k: int, tokens: int, top_k: int,
     align = align_routes(ids, e, configs[0]["BLOCK_SIZE_M"])
     outs = []
     for cfg in configs:
-        out = torch.full((tokens * top_k, n), float("nan"), device="cuda")
+        out = torch.full((tokens * top_k, n), float("nan"), dtype=dtype, device="cuda")
         grouped_gemm(q, s, w, ws, out, align, a_div=top_k, config=cfg, a_k_order="wgmma")
         outs.append(out)
     active = ids.flatten() >= 0
@@ -482,6 +486,21 @@ def test_split_ring_gives_the_numbers_of_the_ring_on_gpu(bm, bn, warps, stages, 
     ring, split = _outputs_on_gpu([base, {**base, "RING_SPLIT": 1}], e=16, n=n, k=k, tokens=512, top_k=4,
                                   seed=29)
     assert torch.equal(split, ring)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dw, resident, k, n", [(4, 0, 1024, 1024), (8, 0, 3072, 2880), (4, 1, 1024, 2880),
+                                                (8, 1, 768, 1024), (4, 0, 256, 4096)])
+def test_tma_weights_give_the_numbers_of_the_copies_on_gpu(dw, resident, k, n):
+    """W_TMA (the warp-specialized kernel's packed weights by TMA, rows past N zero-filled) against its
+    cp.async copies, bit for bit: 4 and 8 decode warps, resident activations, K of 2-24 chunks, N with a tail
+    tile (2880 = 22.5 x 128) and the last expert routed (its tail rows past the tensor's end)."""
+    out = "bf16" if resident else "fp32"  # the resident tile's activations fit with bf16 rows
+    base = normalize_config({**GLUON_SMEM, "BLOCK_SIZE_N": 128, "DECODE_WARPS": dw, "A_RESIDENT": resident,
+                             "GROUP_SIZE_M": 1 if resident else 8, "OUT_DTYPE": out}, "down")
+    copies, tma = _outputs_on_gpu([base, {**base, "W_TMA": 1}], e=16, n=n, k=k, tokens=1024, top_k=4,
+                                  seed=37, dtype=torch.bfloat16 if resident else torch.float32)
+    assert torch.equal(tma, copies)
 
 
 @pytest.mark.gpu
