@@ -297,7 +297,8 @@ def _g(bm: int, bn: int, w: int, st: int, g: int, swap: int, **switches: int | s
 
 # sm_90 Gluon tiles per rows-per-expert band, each band's tried in order: the DeepSeek-V4-Flash TP=2 tables'
 # picks on the H200 (docs/kernels/fp4_prefill.md, sm_90 heuristic): the SWAP_AB 1 ring with RING_SPLIT up to
-# 33 rows, 64-row SWAP_AB 0 tiles up to 64, the warp-specialized 128-row tile above. Down above 64 rows takes
+# 33 rows, 64-row SWAP_AB 0 tiles up to 64, the warp-specialized 128-row tile above, its packed weights by
+# TMA (W_TMA: faster at each of the 26 dense points swept on both models). Down above 64 rows takes
 # the resident tile with bf16 rows where its activations fit, else the same without residency. Any N runs
 # them (a tail tile where BLOCK_SIZE_N does not divide N: gpt-oss-120b's N 2880 at BN 128, 22.5 tiles, does
 # 2% more work than a whole-tile N). Left to the sweep: variants faster on one K only (MAXNREG 96, faster at
@@ -307,14 +308,14 @@ _HOPPER_GLUON: dict[str, tuple[tuple[float, tuple[dict, ...]], ...]] = {
         (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
         (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
         (64, (_g(64, 128, 4, 3, 8, 0, MMA_HALVES=1),)),
-        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4),)),
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, W_TMA=1),)),
     ),
     "down": (
         (13, (_g(16, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
         (33, (_g(32, 64, 4, 3, 8, 1, SCALE_RING=1, RING_SPLIT=1),)),
         (64, (_g(64, 128, 4, 3, 8, 0, SCALE_RING=1),)),
-        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16"),
-                    _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16"))),
+        (math.inf, (_g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, A_RESIDENT=1, OUT_DTYPE="bf16", W_TMA=1),
+                    _g(128, 128, 8, 2, 1, 0, DECODE_WARPS=4, OUT_DTYPE="bf16", W_TMA=1))),
     ),
 }
 # what every sm_90 part lets one program opt in to (H100 and H200 alike): the heuristic sees the arch only
