@@ -40,6 +40,8 @@ from typing import Any
 
 import torch
 
+from moetune.quant.mxfp4 import scale_row_max
+
 FORMATS = ("deepseek-v3", "gpt-oss", "deepseek-v4")
 GPT_OSS_SWIGLU_LIMIT = 7.0
 _BLOCK = 128  # the FP8 checkpoints' scale block
@@ -56,8 +58,9 @@ class MoeLayerWeights:
     """One layer's routed experts in the kernels' layout, and the activation its model computes.
 
     ``kind`` is the kernel path: ``"fp8"`` (``fp8_decode_moe``: ``w13``/``w2`` float8_e4m3fn, fp32 block
-    scales) or ``"fp4"`` (``fp4_prefill_moe``: ``w13``/``w2`` packed uint8 codes, uint8 UE8M0 scales, and
-    the optional biases ``w13_bias [E, 2I]``, ``w2_bias [E, H]``, which the FP8 path does not take).
+    scales) or ``"fp4"`` (``fp4_prefill_moe``: ``w13``/``w2`` packed uint8 codes, uint8 UE8M0 scales, the
+    scales' row maxima ``w13_scale_max``/``w2_scale_max`` made at load (``moetune.quant.scale_row_max``),
+    and the optional biases ``w13_bias [E, 2I]``, ``w2_bias [E, H]``, which the FP8 path does not take).
 
     Call the layer as ``layer(x, *w.kernel_args(), topk_weights, topk_ids, **w.layer_kwargs())``."""
 
@@ -71,10 +74,12 @@ class MoeLayerWeights:
     swiglu_limit: float | None = None
     w13_bias: torch.Tensor | None = None
     w2_bias: torch.Tensor | None = None
+    w13_scale_max: torch.Tensor | None = None
+    w2_scale_max: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.kind == "fp8" and (self.w13_bias is not None or self.w2_bias is not None):
-            raise ValueError("w13_bias / w2_bias: the FP8 path (fp8_decode_moe) takes no bias")
+        if self.kind == "fp8" and any(getattr(self, name) is not None for name in _FP4_ONLY):
+            raise ValueError(f"{' / '.join(_FP4_ONLY)}: the FP8 path (fp8_decode_moe) takes none of them")
 
     @property
     def experts(self) -> int:
@@ -94,13 +99,17 @@ class MoeLayerWeights:
         return self.w13, self.w13_scale, self.w2, self.w2_scale
 
     def layer_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments the path's layer and reference take: the activation, and the biases of
-        an FP4 layer that has them (``w13_bias``, ``w2_bias``; a bias the layer lacks is left out)."""
+        """The keyword arguments the path's layer and reference take: the activation, and what an FP4 layer
+        has of the biases and the scales' row maxima (a bias the layer lacks is left out)."""
         kw: dict[str, Any] = {"activation": self.activation, "swiglu_limit": self.swiglu_limit}
-        for name in ("w13_bias", "w2_bias"):
+        for name in _FP4_ONLY:
             if getattr(self, name) is not None:
                 kw[name] = getattr(self, name)
         return kw
+
+
+# the FP4 layer's optional keyword tensors
+_FP4_ONLY = ("w13_bias", "w2_bias", "w13_scale_max", "w2_scale_max")
 
 
 # ---- sources ----------------------------------------------------------------------------------------
@@ -240,7 +249,8 @@ def load_deepseek_v4_fp4(source: str | Path | Mapping[str, torch.Tensor], layer:
                                    scale_dtypes=_BYTES, out_dtypes=(torch.uint8, torch.uint8), k_div=2,
                                    scale_k=32, scale_n=1, device=device)
     return MoeLayerWeights("deepseek-v4", "fp4", w13, s13, w2, s2, activation="silu",
-                           swiglu_limit=src.config.get("swiglu_limit"))
+                           swiglu_limit=src.config.get("swiglu_limit"), w13_scale_max=scale_row_max(s13),
+                           w2_scale_max=scale_row_max(s2))
 
 
 def _deinterleave(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -291,7 +301,8 @@ def load_gpt_oss_mxfp4(source: str | Path | Mapping[str, torch.Tensor], layer: i
         b13 = _deinterleave(b13, torch.empty(e, two_i, dtype=b13.dtype, device=device))
     return MoeLayerWeights("gpt-oss", "fp4", w13, s13, w2, s2, activation="swiglu",
                            swiglu_limit=float(src.config.get("swiglu_limit", GPT_OSS_SWIGLU_LIMIT)),
-                           w13_bias=b13, w2_bias=None if b2 is None else b2.to(device).contiguous())
+                           w13_bias=b13, w2_bias=None if b2 is None else b2.to(device).contiguous(),
+                           w13_scale_max=scale_row_max(s13), w2_scale_max=scale_row_max(s2))
 
 
 LOADERS = {"deepseek-v3": load_deepseek_v3_fp8, "gpt-oss": load_gpt_oss_mxfp4,

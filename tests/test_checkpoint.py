@@ -138,6 +138,8 @@ def test_gpt_oss_round_trip_deinterleaves_weights_and_biases(tmp_path):
     kw = got.layer_kwargs()  # the FP4 path computes the activation, and takes the biases
     assert {k: kw[k] for k in ("activation", "swiglu_limit")} == {"activation": "swiglu", "swiglu_limit": 7.0}
     assert kw["w13_bias"] is got.w13_bias and kw["w2_bias"] is got.w2_bias
+    # and the scales' row maxima, made at load
+    assert same_bytes(kw["w13_scale_max"], s13.amax(-1)) and same_bytes(kw["w2_scale_max"], s2.amax(-1))
     assert got.kernel_args() == (got.w13, got.w13_scale, got.w2, got.w2_scale)
 
 
@@ -150,16 +152,17 @@ def test_gpt_oss_layer_without_biases_has_none(absent):
     got = load_gpt_oss_mxfp4(tensors, LAYER)
     assert (got.w13_bias is None) == ("gate_up_proj_bias" in absent)
     assert (got.w2_bias is None) == ("down_proj_bias" in absent)
-    assert set(got.layer_kwargs()) == {"activation", "swiglu_limit"} | {
+    assert set(got.layer_kwargs()) == {"activation", "swiglu_limit", "w13_scale_max", "w2_scale_max"} | {
         {"gate_up_proj_bias": "w13_bias", "down_proj_bias": "w2_bias"}[leaf]
         for leaf in ("gate_up_proj_bias", "down_proj_bias") if leaf not in absent}
 
 
-def test_fp8_layer_refuses_biases():
+def test_fp8_layer_refuses_biases_and_row_maxima():
     w = load_deepseek_v3_fp8(v3_tensors(*weights()), LAYER)
-    with pytest.raises(ValueError, match="takes no bias"):
-        MoeLayerWeights("deepseek-v3", "fp8", w.w13, w.w13_scale, w.w2, w.w2_scale, "silu",
-                        w2_bias=torch.zeros(E, H))
+    row_max = torch.zeros(E, 2 * I, dtype=torch.uint8)
+    for extra in ({"w2_bias": torch.zeros(E, H)}, {"w13_scale_max": row_max}):
+        with pytest.raises(ValueError, match="FP8 path .* takes none of them"):
+            MoeLayerWeights("deepseek-v3", "fp8", w.w13, w.w13_scale, w.w2, w.w2_scale, "silu", **extra)
 
 
 # ---- bad input: ValueError naming the tensor ------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from moetune.kernels.activations import check_activation, gated_activation
 from moetune.kernels.fp4_prefill.align import Alignment, max_slots
-from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs
+from moetune.kernels.fp4_prefill.inputs import check_biases, check_inputs, check_scale_max
 from moetune.quant.fp8_act import dequantize_fp8_act, quantize_fp8_act
 from moetune.quant.mxfp4 import dequantize_mxfp4
 
@@ -21,14 +21,17 @@ def fp4_prefill_moe_reference(x: torch.Tensor, w13_packed: torch.Tensor, w13_sca
                               swiglu_limit: float | None = None,
                               config: Mapping[str, Any] | None = None, validate: bool = False,
                               w13_bias: torch.Tensor | None = None,
-                              w2_bias: torch.Tensor | None = None) -> torch.Tensor:
+                              w2_bias: torch.Tensor | None = None,
+                              w13_scale_max: torch.Tensor | None = None,
+                              w2_scale_max: torch.Tensor | None = None) -> torch.Tensor:
     """Pure torch, fp32: dequantized weights (any K padding dropped), the same activation quantization;
-    ``config`` is ignored. Per route: ``h = act(x W13^T + w13_bias) * weight``, ``out += h W2^T + weight *
-    w2_bias``."""
+    ``config`` and the scales' row maxima (checked as the layer checks them) are not used. Per route: ``h =
+    act(x W13^T + w13_bias) * weight``, ``out += h W2^T + weight * w2_bias``."""
     experts, inter, _, _ = check_inputs(x, w13_packed, w13_scale, w2_packed, w2_scale, topk_weights,
                                         topk_ids)
     check_activation(activation, swiglu_limit)
     check_biases(w13_bias, w2_bias, experts, inter, x.shape[1], x.device)
+    check_scale_max(w13_scale_max, w2_scale_max, w13_scale, w2_scale)
     m, h = x.shape
     out = torch.zeros(m, h, dtype=torch.float32, device=x.device)
     if m == 0:
