@@ -23,7 +23,11 @@ The kernels, by config (``_kernel``):
   A_RESIDENT over ``resident_n_tiles`` N tiles, RING_SPLIT; MAXNREG sets its register cap).
 - SWAP_AB 0: ``gluon_smem.fp4_wgmma_smem_kernel``, the weights decoded into shared memory (SCALE_RING);
   with MMA_HALVES ``gluon_smem.fp4_wgmma_halves_kernel``; with DECODE_WARPS 4 or 8 the persistent,
-  warp-specialized ``gluon_ws.fp4_wgmma_ws_kernel`` (A_RESIDENT over a program's run of tiles).
+  warp-specialized ``gluon_ws.fp4_wgmma_ws_kernel`` (A_RESIDENT over a program's run of tiles; W_TMA its
+  packed weights by TMA copies).
+
+Each weight row's largest scale code (the fp8 re-basing's) is read from ``w_smax`` where the layer is
+given it (``moetune.quant.scale_row_max``), else each tile makes a pass over its scales first.
 
 Any N: where BLOCK_SIZE_N does not divide it, the last N tile is a tail (constexpr ``EVEN_N`` False; its
 weight rows past N read row N - 1, its columns past N are not stored: ``gluon_common.tile_rows``,
