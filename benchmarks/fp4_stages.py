@@ -58,7 +58,8 @@ _SCALES = "s_next = gl.load(ws_rows + gl.minimum(k + 1, num_k - 1) * (CHUNK // 3
 _DECODE = "decode_words(words, s, rmax, BN)"
 _RESCALE = "acc += part * xs[:, None]"
 _CHAIN = [(_RESCALE, "acc = part"), ("zero, use_acc=False, is_async=True)", "acc, is_async=True)")]
-_W_COPY = "async_load(w_ring.index(cn % LOOK), w_rows + (k + LOOK) * (CHUNK // 8))"
+_W_COPY = "_w_copy(w_ring, w_full, w_src, cn, k + LOOK, expert, pid_n, LOOK, BN, W_TMA)"
+_W_WAIT = "mbarrier.wait(w_full.index(c % LOOK), (c // LOOK) & 1)"  # (W_TMA: no copy, no wait for it)
 _X_COPY = "x_copy(x_buf, cn, k + LOOK, x_rows, cols_x, row_ok_x, fresh, NBUF, A_RESIDENT)"
 # per kernel module: the module, the launcher's names for its kernels, and its variants (lines replaced)
 KERNELS = {
@@ -70,9 +71,9 @@ KERNELS = {
         "no rescale": [(_RESCALE, "acc += part")],
         "mma chain": _CHAIN,
         "mma chain, no scales": [*_CHAIN, (_SCALES, "s_next = s")],
-        "no w copies": [(_W_COPY, "pass")],
+        "no w copies": [(_W_COPY, "pass"), (_W_WAIT, "pass")],
         "no x copies": [(_X_COPY, "pass")],
-        "no copies": [(_W_COPY, "pass"), (_X_COPY, "pass")],
+        "no copies": [(_W_COPY, "pass"), (_W_WAIT, "pass"), (_X_COPY, "pass")],
     }),
     "ring": (ring, "fp4_wgmma_kernel", {
         "shipped": [],
