@@ -94,7 +94,7 @@ def scale_row_max(scale: torch.Tensor) -> torch.Tensor:
     """Each weight row's largest UE8M0 scale code: ``[..., N]`` uint8 from ``scale [..., N, K/32]``. Made once
     when the weights load (after any :func:`pad_mxfp4_k`) and given to ``fp4_prefill_moe``
     (``w13_scale_max``, ``w2_scale_max``), it saves the Gluon kernels a pass over each tile's scales for the
-    fp8 re-basing: 2-8% of a GEMM on the H200 (docs/kernels/fp4_prefill.md, row maxima)."""
+    fp8 re-basing: 2-9% of a GEMM on the H200 (docs/kernels/fp4_prefill.md, row maxima)."""
     if not isinstance(scale, torch.Tensor) or scale.dtype != torch.uint8 or scale.dim() < 2:
         what = (f"{scale.dtype} {tuple(scale.shape)}" if isinstance(scale, torch.Tensor)
                 else type(scale).__name__)

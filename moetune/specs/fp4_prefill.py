@@ -160,8 +160,7 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
         tensors = {"a": aq, "a_scale": a_s, "w": weights["w"], "w_scale": weights["w_scale"],
                    "topk_ids": ids, "topk_weights": topk_weights}
         # OUT_DTYPE bf16 writes here; ``collect`` widens it into the checked fp32 output
-        smax = weights["w_smax"] if "w_smax" in weights else scale_row_max(weights["w_scale"])
-        extra = {"align": {}, "top_k": top_k, "weights": weights, "w_smax": smax,
+        extra = {"align": {}, "top_k": top_k, "weights": weights,
                  "out_bf16": torch.empty_like(out, dtype=torch.bfloat16)}
         if k % 128 == 0:  # for IMPL gluon
             extra["a_wgmma"] = to_wgmma_k_order(aq)
@@ -190,7 +189,7 @@ class Fp4PrefillSpec(Fp4PrefillRules, KernelSpec):
             a, order = inputs.extra["a_wgmma"], "wgmma"
         out = inputs.extra["out_bf16"] if cfg["OUT_DTYPE"] == "bf16" else inputs.outputs[0]
         grouped_gemm(a, t["a_scale"], t["w"], t["w_scale"], out, self._align(inputs, cfg["BLOCK_SIZE_M"]),
-                     a_div=a_div, config=cfg, a_k_order=order, w_scale_max=inputs.extra["w_smax"])
+                     a_div=a_div, config=cfg, a_k_order=order, w_scale_max=inputs.extra["weights"]["w_smax"])
 
     def collect(self, inputs: Inputs, config: Config) -> None:
         if normalize_config(config, self.gemm)["OUT_DTYPE"] == "bf16":
